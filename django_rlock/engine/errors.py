@@ -1,0 +1,30 @@
+"""Exceptions. Every one carries the lock name so a log line says which lock."""
+
+from __future__ import annotations
+
+
+class LockError(Exception):
+    """Base class of every django-rlock error."""
+
+    def __init__(self, message: str, name: str | None = None) -> None:
+        super().__init__(message)
+        self.name = name
+
+
+class LockNotOwnedError(LockError, RuntimeError):
+    """The caller released a lock it does not hold (never held, expired, lost or force-unlocked).
+
+    Also a ``RuntimeError`` so that code written for ``threading.RLock`` keeps working.
+    """
+
+
+class LockBusy(LockError):
+    """The lock stayed held by someone else for the whole wait budget.
+
+    ``ttl`` is the holder's remaining lease in seconds (``None`` if unknown, ``inf`` if the
+    key has no expiry) so a caller can say "retry after".
+    """
+
+    def __init__(self, message: str, name: str | None = None, ttl: float | None = None) -> None:
+        super().__init__(message, name)
+        self.ttl = ttl

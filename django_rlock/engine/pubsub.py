@@ -1,0 +1,362 @@
+"""One pub/sub subscription per Redis server per process, shared by every waiting thread.
+
+Waiters never poll. Each waiting thread parks on its own ``threading.Lock``; an unlock
+message wakes one waiter of that channel (FIFO), which retries the acquire. Waiters join
+the queue *before* their first retry, so a message that lands between a failed attempt and
+the park is not lost: the park returns at once. While a woken waiter's retry is in flight,
+further messages are folded into one "retry again" flag instead of waking more threads
+(each would only find the lock taken). After a reconnect every waiter is woken, because
+messages may have been missed; and no waiter relies on a message alone: each parks at most
+until the holder's PTTL runs out, since expiry publishes nothing.
+
+A subscription outlives its last waiter by ``LINGER`` seconds, so a contended lock does not
+pay SUBSCRIBE/UNSUBSCRIBE round trips on every wait.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from typing import Any, Iterator
+from contextlib import contextmanager
+
+from . import identity
+from .watchdog import server_id
+
+logger = logging.getLogger("django_rlock")
+
+#: Seconds a subscription is kept after its last waiter leaves.
+LINGER = 2.0
+#: Seconds between housekeeping passes (lingering unsubscribes, a PING on a quiet line).
+_HOUSEKEEPING = 1.0
+_PING_AFTER = 30.0
+
+
+class Waiter:
+    """One waiting thread. ``signaled``: woken by a message, its retry not yet done."""
+
+    __slots__ = ("_park", "signaled")
+
+    def __init__(self) -> None:
+        self._park = threading.Lock()
+        self._park.acquire()
+        self.signaled = False
+
+    def park(self, timeout: float | None) -> None:
+        if timeout is None:
+            self._park.acquire()
+        elif timeout > 0:
+            self._park.acquire(timeout=timeout)
+        else:
+            self._park.acquire(blocking=False)
+
+    def _unpark(self) -> None:
+        self.signaled = True
+        try:
+            self._park.release()
+        except RuntimeError:  # already released: a wake is pending anyway
+            pass
+
+
+class Channel:
+    """The waiters of one lock channel in this process."""
+
+    __slots__ = ("name", "queue", "active", "pending", "refs", "want", "confirmed",
+                 "idle_since", "expires_hint")
+
+    def __init__(self, name: bytes) -> None:
+        self.name = name
+        self.queue: collections.deque[Waiter] = collections.deque()
+        self.active = 0            # woken waiters whose retry is in flight
+        self.pending = False       # a wake arrived while a retry was in flight
+        self.refs = 0              # waiters that joined (keeps the subscription)
+        self.want = 0              # the SUBSCRIBE confirmation that covers us
+        self.confirmed = threading.Event()
+        self.idle_since = 0.0
+        self.expires_hint = 0.0    # monotonic time the holder's lease was last seen to end
+
+    def busy(self) -> bool:
+        return bool(self.queue) or self.active > 0
+
+    def wake_one(self) -> None:
+        if self.active > 0:
+            self.pending = True
+        elif self.queue:
+            self.active += 1
+            self.queue.popleft()._unpark()
+
+    def wake_all(self) -> None:
+        while self.queue:
+            self.active += 1
+            self.queue.popleft()._unpark()
+
+
+class Slot:
+    """A thread's place in a channel's queue for the length of one wait."""
+
+    __slots__ = ("_mgr", "channel", "_waiter")
+
+    def __init__(self, mgr: "PubSubManager", channel: Channel, waiter: Waiter) -> None:
+        self._mgr = mgr
+        self.channel = channel
+        self._waiter = waiter
+
+    def park(self, timeout: float | None) -> None:
+        self._waiter.park(timeout)
+
+    def attempted(self, acquired: bool, ttl_ms: int | None = None) -> bool:
+        """Record the outcome of a retry. True means: retry again now, do not park."""
+        ch, w = self.channel, self._waiter
+        with self._mgr._lock:
+            if ttl_ms is not None and ttl_ms >= 0:
+                ch.expires_hint = time.monotonic() + ttl_ms / 1000.0
+            if w.signaled:
+                w.signaled = False
+                ch.active -= 1
+                if acquired:
+                    ch.pending = False
+                    return False
+                if ch.pending:
+                    ch.pending = False
+                    ch.active += 1
+                    w.signaled = True
+                    return True
+                ch.queue.appendleft(w)  # it was first in line; it stays first
+                return False
+            if acquired:
+                ch.pending = False
+                try:
+                    ch.queue.remove(w)
+                except ValueError:
+                    pass
+            return False
+
+    def _leave(self) -> None:
+        ch, w = self.channel, self._waiter
+        with self._mgr._lock:
+            if w.signaled:
+                # Woken but leaving (budget spent, interrupted): hand the wake on.
+                w.signaled = False
+                ch.active -= 1
+                ch.wake_one()
+            else:
+                try:
+                    ch.queue.remove(w)
+                except ValueError:
+                    pass
+            ch.refs -= 1
+            if ch.refs == 0:
+                ch.idle_since = time.monotonic()
+
+
+class PubSubManager:
+    """The subscription connection to one Redis server and its listener thread."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self._lock = threading.Lock()
+        self._channels: dict[bytes, Channel] = {}
+        self._conn: Any = None
+        self._connected = False
+        self._sent: dict[bytes, int] = {}
+        self._acked: dict[bytes, int] = {}
+        self._thread: threading.Thread | None = None
+        self._last_io = time.monotonic()
+        #: Reconnections so far (read by tests).
+        self.reconnects = 0
+
+    # -- used by waiting threads ------------------------------------------------------
+    def busy(self, channel: bytes) -> bool:
+        ch = self._channels.get(channel)
+        return ch is not None and ch.busy()
+
+    def subscribed(self, channel: bytes) -> bool:
+        ch = self._channels.get(channel)
+        return ch is not None and self._connected and ch.confirmed.is_set()
+
+    def wake(self, channel: bytes) -> None:
+        """A release in this process freed the lock: wake a local waiter without waiting
+        for the message to come back from Redis."""
+        with self._lock:
+            ch = self._channels.get(channel)
+            if ch is not None:
+                ch.wake_one()
+
+    def expires_hint(self, channel: bytes) -> float:
+        ch = self._channels.get(channel)
+        return ch.expires_hint if ch is not None else 0.0
+
+    @contextmanager
+    def waiting(self, channel: bytes, subscribe_timeout: float | None) -> Iterator[Slot]:
+        """Join the channel's queue (subscribing if needed) for the body of the block."""
+        w = Waiter()
+        with self._lock:
+            ch = self._channels.get(channel)
+            if ch is None:
+                ch = self._channels[channel] = Channel(channel)
+            ch.refs += 1
+            ch.queue.append(w)
+            if ch.want == 0 or not self._connected:
+                self._subscribe_locked(ch)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="django-rlock-pubsub",
+                                                daemon=True)
+                self._thread.start()
+        slot = Slot(self, ch, w)
+        try:
+            if not ch.confirmed.is_set():
+                # If the subscription cannot be confirmed in time the waits below are still
+                # bounded by the holder's PTTL; we only lose the early wake-up.
+                ch.confirmed.wait(subscribe_timeout)
+            yield slot
+        finally:
+            slot._leave()
+
+    # -- the connection ---------------------------------------------------------------
+    def _subscribe_locked(self, ch: Channel) -> None:
+        if not self._connected:
+            return  # the listener subscribes every channel when it (re)connects
+        try:
+            self._conn.send_command("SUBSCRIBE", ch.name, check_health=False)
+        except Exception:
+            self._connected = False
+            self._conn.disconnect()
+            return
+        n = self._sent[ch.name] = self._sent.get(ch.name, 0) + 1
+        ch.want = n
+        self._last_io = time.monotonic()
+
+    def _connect(self) -> None:
+        with self._lock:
+            first = self._conn is None
+            if first:
+                self._conn = self._client.connection_pool.get_connection()
+            else:
+                self._conn.disconnect()
+                self._conn.connect()
+            self._sent.clear()
+            self._acked.clear()
+            names = list(self._channels)
+            for ch in self._channels.values():
+                ch.confirmed.clear()
+                ch.want = 1
+            if names:
+                self._conn.send_command("SUBSCRIBE", *names, check_health=False)
+                for name in names:
+                    self._sent[name] = 1
+            self._connected = True
+            self._last_io = time.monotonic()
+            if not first:
+                # Messages may have been missed while we were away: everyone re-checks.
+                for ch in self._channels.values():
+                    ch.wake_all()
+
+    def _run(self) -> None:
+        backoff = 0.05
+        next_housekeeping = time.monotonic() + _HOUSEKEEPING
+        while True:
+            try:
+                if not self._connected:
+                    if self._conn is not None:
+                        self.reconnects += 1
+                    self._connect()
+                if self._conn.can_read(timeout=_HOUSEKEEPING):
+                    self._dispatch(self._conn.read_response(disconnect_on_error=True, push_request=True))
+                now = time.monotonic()
+                if now >= next_housekeeping:
+                    next_housekeeping = now + _HOUSEKEEPING
+                    self._housekeeping(now)
+                backoff = 0.05
+            except Exception as exc:
+                if self._connected:
+                    logger.warning("django-rlock: pub/sub connection lost (%s: %s); waiters fall "
+                                   "back to the holder's TTL until it is back",
+                                   type(exc).__name__, exc)
+                self._connected = False
+                try:
+                    if self._conn is not None:
+                        self._conn.disconnect()
+                except Exception:
+                    pass
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+
+    def _dispatch(self, reply: Any) -> None:
+        self._last_io = time.monotonic()
+        if not isinstance(reply, list) or len(reply) < 2:
+            return
+        kind = reply[0]
+        if isinstance(kind, str):
+            kind = kind.encode()
+        name = reply[1]
+        if isinstance(name, str):
+            name = name.encode()
+        with self._lock:
+            if kind == b"message":
+                ch = self._channels.get(name)
+                if ch is not None:
+                    ch.wake_one()
+            elif kind == b"subscribe":
+                n = self._acked[name] = self._acked.get(name, 0) + 1
+                ch = self._channels.get(name)
+                if ch is not None and n >= ch.want:
+                    ch.confirmed.set()
+            elif kind == b"unsubscribe":
+                if name not in self._channels and self._acked.get(name, 0) >= self._sent.get(name, 0):
+                    self._acked.pop(name, None)
+                    self._sent.pop(name, None)
+
+    def _housekeeping(self, now: float) -> None:
+        with self._lock:
+            if not self._connected:
+                return
+            idle = [ch for ch in self._channels.values()
+                    if ch.refs == 0 and now - ch.idle_since >= LINGER]
+            for ch in idle:
+                del self._channels[ch.name]
+            try:
+                if idle:
+                    self._conn.send_command("UNSUBSCRIBE", *[ch.name for ch in idle],
+                                            check_health=False)
+                    self._last_io = now
+                elif self._channels and now - self._last_io >= _PING_AFTER:
+                    self._conn.send_command("PING", check_health=False)
+                    self._last_io = now
+            except Exception:
+                self._connected = False
+                self._conn.disconnect()
+
+    def channel_count(self) -> int:
+        return len(self._channels)
+
+
+_managers: dict[tuple[Any, ...], PubSubManager] = {}
+_managers_lock = threading.Lock()
+
+
+def manager(client: Any) -> PubSubManager:
+    """The manager of ``client``'s server, created on first use."""
+    sid = server_id(client)
+    mgr = _managers.get(sid)
+    if mgr is None:
+        with _managers_lock:
+            mgr = _managers.get(sid)
+            if mgr is None:
+                mgr = _managers[sid] = PubSubManager(client)
+    return mgr
+
+
+def existing_manager(client: Any) -> PubSubManager | None:
+    return _managers.get(server_id(client))
+
+
+def _reset_after_fork() -> None:
+    # The parent's listener thread does not exist here, and its socket is the parent's.
+    global _managers, _managers_lock
+    _managers = {}
+    _managers_lock = threading.Lock()
+
+
+identity.on_fork(_reset_after_fork)

@@ -1,0 +1,125 @@
+"""Lua scripts and the one way they are sent.
+
+Acquire and release go through :func:`call_once`: one EVALSHA on a pooled connection with no
+client-side retry. redis-py's default ``Retry`` re-sends a command after a timeout; for an
+acquire that doubles the hold count and orphans the lock (Redisson #4822, #7367), for a
+release it produces a false "not owner" (#4871). A failure here propagates unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from redis.exceptions import NoScriptError, ResponseError
+
+# KEYS[1] lock hash; ARGV[1] lease ms, ARGV[2] owner field.
+# Reply: nil = acquired (new or reentrant); a number = the holder's PTTL (-1: no expiry).
+ACQUIRE = """
+if redis.call('exists', KEYS[1]) == 0 or redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
+  redis.call('hincrby', KEYS[1], ARGV[2], 1)
+  redis.call('pexpire', KEYS[1], ARGV[1])
+  return nil
+end
+return redis.call('pttl', KEYS[1])
+"""
+
+# KEYS[1] lock hash, KEYS[2] channel; ARGV[1] owner, ARGV[2] lease ms in force, ARGV[3] message.
+# Reply: nil = not owner; 0 = still held (count > 0, TTL reset to the lease in force);
+# n >= 1 = released, and n - 1 subscribers (processes with waiters) got the message.
+RELEASE = """
+if redis.call('hexists', KEYS[1], ARGV[1]) == 0 then
+  return nil
+end
+if redis.call('hincrby', KEYS[1], ARGV[1], -1) > 0 then
+  redis.call('pexpire', KEYS[1], ARGV[2])
+  return 0
+end
+redis.call('del', KEYS[1])
+return 1 + redis.call('publish', KEYS[2], ARGV[3])
+"""
+
+# KEYS = lock hashes; ARGV = owner, lease ms for each key in turn.
+# Reply: one 1 (renewed) or 0 (gone or no longer ours: lost) per key.
+RENEW = """
+local result = {}
+for i = 1, #KEYS do
+  if redis.call('hexists', KEYS[i], ARGV[2 * i - 1]) == 1 then
+    redis.call('pexpire', KEYS[i], ARGV[2 * i])
+    result[i] = 1
+  else
+    result[i] = 0
+  end
+end
+return result
+"""
+
+# KEYS[1] lock hash, KEYS[2] channel; ARGV[1] message. Reply: 1 deleted (and published), 0 none.
+FORCE_UNLOCK = """
+if redis.call('del', KEYS[1]) == 1 then
+  redis.call('publish', KEYS[2], ARGV[1])
+  return 1
+end
+return 0
+"""
+
+
+class Script:
+    """A Lua source with its SHA1, computed locally so no SCRIPT LOAD round trip is needed."""
+
+    __slots__ = ("source", "sha")
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.sha = hashlib.sha1(source.encode()).hexdigest()
+
+    def __repr__(self) -> str:
+        return f"Script({self.sha[:8]})"
+
+
+ACQUIRE_SCRIPT = Script(ACQUIRE)
+RELEASE_SCRIPT = Script(RELEASE)
+RENEW_SCRIPT = Script(RENEW)
+FORCE_UNLOCK_SCRIPT = Script(FORCE_UNLOCK)
+
+
+def _send_once(conn: Any, args: tuple[Any, ...]) -> Any:
+    try:
+        conn.send_command(*args)
+        return conn.read_response()
+    except ResponseError:
+        raise  # a whole reply was read: the connection is still in step
+    except BaseException:
+        # A lost or partial reply leaves the connection out of step; never reuse it.
+        conn.disconnect()
+        raise
+
+
+def _call_on(conn: Any, script: Script, keys: tuple[Any, ...], args: tuple[Any, ...]) -> Any:
+    try:
+        return _send_once(conn, ("EVALSHA", script.sha, len(keys), *keys, *args))
+    except NoScriptError:
+        # NOSCRIPT means nothing ran, so sending the source now cannot run the script twice.
+        return _send_once(conn, ("EVAL", script.source, len(keys), *keys, *args))
+
+
+def call_once(client: Any, script: Script, keys: tuple[Any, ...], args: tuple[Any, ...]) -> Any:
+    """Run ``script`` exactly once on ``client`` (a redis-py ``Redis``); never retry."""
+    conn = getattr(client, "connection", None)
+    if conn is not None:  # single_connection_client=True
+        with client.single_connection_lock:
+            return _call_on(conn, script, keys, args)
+    pool = client.connection_pool
+    conn = pool.get_connection()
+    try:
+        return _call_on(conn, script, keys, args)
+    finally:
+        pool.release(conn)
+
+
+def call(client: Any, script: Script, keys: tuple[Any, ...], args: tuple[Any, ...]) -> Any:
+    """Run an idempotent script through the client's normal path (its retry policy applies)."""
+    try:
+        return client.evalsha(script.sha, len(keys), *keys, *args)
+    except NoScriptError:
+        return client.eval(script.source, len(keys), *keys, *args)

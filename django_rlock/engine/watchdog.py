@@ -1,0 +1,280 @@
+"""What this process holds, and the one thread that keeps watchdog-mode holds alive.
+
+Every hold (a key held by one owner of this process) has a record here: its local hold
+count, the lease in force, and, in watchdog mode, when it is next due for renewal. One
+daemon thread per process renews every due hold in a few round trips (one pipeline of
+batched RENEW scripts per Redis server), whatever the number of locks.
+
+Scheduling: a hold is renewed when it is at most ``period / 2`` from due, so holds acquired
+at scattered times fall into the same sweep and a period costs two wake-ups at most. The
+TTL never drops below ``watchdog_timeout - period`` (two thirds of it) while the process
+lives; when it dies nothing renews and the lock expires within ``watchdog_timeout``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+from typing import Any, Callable
+
+from redis.exceptions import NoScriptError
+
+from . import identity
+from .scripts import RENEW_SCRIPT
+
+logger = logging.getLogger("django_rlock")
+
+#: Keys per RENEW script. A script blocks Redis while it runs; 250 keys take well under 1 ms.
+RENEW_BATCH = 250
+
+#: Lost holds remembered for ``is_lost()`` until the owner acquires or releases again.
+_MAX_LOST = 10_000
+
+LostCallback = Callable[[str], Any]
+
+_server_ids: "weakref.WeakKeyDictionary[Any, tuple[Any, ...]]" = weakref.WeakKeyDictionary()
+
+
+def server_id(client: Any) -> tuple[Any, ...]:
+    """Identify the Redis database behind a client, so clients sharing one agree on holds.
+
+    Django's built-in RedisCache hands out a new client (and per-thread pools) per call; a
+    lock taken through one must be released and renewed through another.
+    """
+    pool = client.connection_pool
+    try:
+        return _server_ids[pool]
+    except KeyError:
+        pass
+    except TypeError:  # not weak-referenceable
+        return ("pool", id(pool))
+    kw = getattr(pool, "connection_kwargs", {})
+    ident: tuple[Any, ...] = (
+        type(pool).__name__,
+        getattr(pool, "service_name", None),
+        kw.get("host"),
+        kw.get("port"),
+        kw.get("path"),
+        kw.get("db", 0),
+        kw.get("username"),
+    )
+    _server_ids[pool] = ident
+    return ident
+
+
+class Hold:
+    """One key held by one owner of this process."""
+
+    __slots__ = ("client", "server", "key", "name", "owner", "count", "lease_ms", "renew",
+                 "period", "due", "lost", "on_lost", "expires_at")
+
+    def __init__(self, client: Any, server: tuple[Any, ...], key: str, name: str, owner: str) -> None:
+        self.client = client
+        self.server = server
+        self.key = key
+        self.name = name
+        self.owner = owner
+        self.count = 0
+        self.lease_ms = 0
+        self.renew = False          # watchdog mode: renewed until released
+        self.period = 0.0
+        self.due = 0.0              # monotonic time of the next renewal (or of forgetting a lease hold)
+        self.lost = False
+        self.on_lost: LostCallback | None = None
+        self.expires_at = 0.0       # lease mode: when the lease we set runs out
+
+
+HoldKey = tuple[tuple[Any, ...], str, str]
+
+
+class Watchdog:
+    """The per-process registry of holds and its renewal thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._wakeup = threading.Condition(self._lock)
+        self._holds: dict[HoldKey, Hold] = {}
+        self._lost: dict[HoldKey, Hold] = {}
+        self._thread: threading.Thread | None = None
+        self._wake_at = float("inf")
+        self._stopped = False
+        #: Round trips and renewed keys since start (read by tests and the benchmark).
+        self.round_trips = 0
+        self.renewed = 0
+
+    # -- called by lock owners --------------------------------------------------------
+    def get(self, k: HoldKey) -> Hold | None:
+        return self._holds.get(k)
+
+    def acquired(self, k: HoldKey, client: Any, name: str, lease_ms: int, renew: bool,
+                 watchdog_timeout: float, on_lost: LostCallback | None) -> Hold:
+        """Record a successful acquire, before the result is handed back to the caller."""
+        now = time.monotonic()
+        with self._lock:
+            hold = self._holds.get(k)
+            if hold is None or hold.lost or (not hold.renew and now >= hold.expires_at):
+                hold = Hold(client, k[0], k[1], name, k[2])
+                self._holds[k] = hold
+                self._lost.pop(k, None)
+            hold.count += 1
+            hold.on_lost = on_lost
+            if renew and not hold.renew:
+                hold.renew = True
+                hold.period = watchdog_timeout / 3.0
+                hold.due = now + hold.period
+            # The lease a partial release re-applies: a renewed hold stays in watchdog mode.
+            hold.lease_ms = int(hold.period * 3000) if hold.renew else lease_ms
+            if not hold.renew:
+                hold.expires_at = now + lease_ms / 1000.0
+                hold.due = hold.expires_at + 1.0
+            if self._thread is None:
+                self._start()
+            elif hold.due < self._wake_at:
+                self._wakeup.notify()
+            return hold
+
+    def released(self, k: HoldKey, hold: Hold | None, fully: bool) -> None:
+        """Record a release; ``fully`` drops the hold (and its renewal) whatever the count."""
+        with self._lock:
+            if hold is None or self._holds.get(k) is not hold:
+                return
+            hold.count -= 1
+            if fully or hold.count <= 0:
+                del self._holds[k]
+
+    def forget(self, k: HoldKey) -> None:
+        with self._lock:
+            self._holds.pop(k, None)
+
+    def drop_key(self, server: tuple[Any, ...], key: str) -> None:
+        """A force-unlock deleted ``key``: this process's holds of it are lost, not renewed."""
+        with self._lock:
+            for k in [k for k in self._holds if k[0] == server and k[1] == key]:
+                hold = self._holds.pop(k)
+                hold.lost = True
+                self._lost[k] = hold
+
+    def is_lost(self, k: HoldKey) -> bool:
+        hold = self._holds.get(k)
+        if hold is not None:
+            return hold.lost
+        return k in self._lost
+
+    def forget_lost(self, k: HoldKey) -> None:
+        self._lost.pop(k, None)
+
+    def renewing(self) -> int:
+        """How many holds are renewed by this process now."""
+        return sum(1 for h in list(self._holds.values()) if h.renew)
+
+    # -- the thread -------------------------------------------------------------------
+    def _start(self) -> None:
+        t = threading.Thread(target=self._run, name="django-rlock-watchdog", daemon=True)
+        self._thread = t
+        t.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                if self._stopped:
+                    return
+                now = time.monotonic()
+                due: list[Hold] = []
+                drop: list[HoldKey] = []
+                next_at = float("inf")
+                for k, h in self._holds.items():
+                    if h.renew:
+                        if h.due - h.period / 2 <= now:
+                            due.append(h)
+                            h.due = now + h.period
+                        next_at = min(next_at, h.due)
+                    elif h.due <= now:
+                        drop.append(k)  # a lease hold that has expired: forget it
+                    else:
+                        next_at = min(next_at, h.due)
+                for k in drop:
+                    del self._holds[k]
+                if not due:
+                    self._wake_at = next_at
+                    self._wakeup.wait(None if next_at == float("inf") else max(0.0, next_at - now))
+                    self._wake_at = 0.0
+                    continue
+            self._renew(due)
+
+    def _renew(self, holds: list[Hold]) -> None:
+        by_server: dict[tuple[Any, ...], list[Hold]] = {}
+        for h in holds:
+            by_server.setdefault(h.server, []).append(h)
+        for group in by_server.values():
+            try:
+                results = self._renew_on(group[0].client, group)
+            except Exception as exc:  # never let the thread die: retry at the next tick
+                logger.warning("django-rlock: could not renew %d lock(s) (%s: %s); retrying at the "
+                               "next tick", len(group), type(exc).__name__, exc)
+                continue
+            for h, ok in zip(group, results):
+                if not ok:
+                    self._mark_lost(h)
+
+    def _renew_on(self, client: Any, group: list[Hold]) -> list[int]:
+        chunks = [group[i:i + RENEW_BATCH] for i in range(0, len(group), RENEW_BATCH)]
+        for attempt in (0, 1):
+            pipe = client.pipeline(transaction=False)
+            for chunk in chunks:
+                args: list[Any] = []
+                for h in chunk:
+                    args.append(h.owner)
+                    args.append(int(h.period * 3000))
+                pipe.evalsha(RENEW_SCRIPT.sha, len(chunk), *[h.key for h in chunk], *args)
+            try:
+                replies = pipe.execute()
+            except NoScriptError:
+                if attempt:
+                    raise
+                client.script_load(RENEW_SCRIPT.source)  # after a restart or SCRIPT FLUSH
+                continue
+            finally:
+                self.round_trips += 1
+            out: list[int] = []
+            for reply in replies:
+                out.extend(int(x) for x in reply)
+            self.renewed += len(out)
+            return out
+        return []
+
+    def _mark_lost(self, h: Hold) -> None:
+        k = (h.server, h.key, h.owner)
+        with self._lock:
+            if self._holds.get(k) is not h:
+                return  # released (or released and taken again) while the renewal ran
+            h.lost = True
+            del self._holds[k]
+            if len(self._lost) >= _MAX_LOST:
+                self._lost.pop(next(iter(self._lost)))
+            self._lost[k] = h
+        logger.warning("django-rlock: lock %r (key %r) was lost: it expired or was force-unlocked "
+                       "while held by %s; it is no longer renewed", h.name, h.key, h.owner)
+        if h.on_lost is not None:
+            try:
+                h.on_lost(h.name)
+            except Exception:
+                logger.exception("django-rlock: on_lost callback for lock %r failed", h.name)
+
+
+_watchdog = Watchdog()
+
+
+def watchdog() -> Watchdog:
+    """The registry of this process (a new one in a forked child)."""
+    return _watchdog
+
+
+def _reset_after_fork() -> None:
+    # The parent's renewal thread does not exist here and its holds are not ours.
+    global _watchdog
+    _watchdog = Watchdog()
+
+
+identity.on_fork(_reset_after_fork)
