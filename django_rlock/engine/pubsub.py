@@ -232,10 +232,13 @@ class PubSubManager:
         with self._lock:
             first = self._conn is None
             if first:
-                self._conn = self._client.connection_pool.get_connection()
+                # A connection of our own, outside the pool: pool.disconnect() (client.close(),
+                # DJANGO_REDIS_CLOSE_CONNECTION) must not cut every waiter's subscription.
+                pool = self._client.connection_pool
+                self._conn = pool.connection_class(**pool.connection_kwargs)
             else:
                 self._conn.disconnect()
-                self._conn.connect()
+            self._conn.connect()
             self._sent.clear()
             self._acked.clear()
             names = list(self._channels)

@@ -1,0 +1,82 @@
+"""The Redis layout is Redisson's, so Java and Python clients contend for the same lock."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+
+from django_rlock import RLock
+from django_rlock.engine import identity
+from django_rlock.engine.naming import lock_channel
+
+FIELD = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}:\d+$")
+
+
+def test_hash_field_count_and_pttl(r):
+    lock = RLock(r, "orders:42")
+    assert lock.name == "orders:42" and lock.key == "orders:42"
+    lock.lock()
+    try:
+        data = r.hgetall("orders:42")
+        assert r.type("orders:42") == b"hash"
+        ((field, count),) = data.items()
+        assert FIELD.match(field.decode())
+        assert field.decode() == f"{identity.process_id()}:{threading.get_ident()}"
+        assert count == b"1"
+        assert 29_000 < r.pttl("orders:42") <= 30_000
+    finally:
+        lock.unlock()
+    assert not r.exists("orders:42")
+
+
+def test_lease_sets_pttl_and_prefix_prefixes_the_key(r):
+    lock = RLock(r, "report", prefix="app:rlock:")
+    assert lock.key == "app:rlock:report"
+    lock.lock(lease_time=5)
+    assert 4_000 < r.pttl("app:rlock:report") <= 5_000
+    lock.unlock()
+
+
+def test_channel_follows_redissons_brace_rule():
+    assert lock_channel("orders:42") == "redisson_lock__channel:{orders:42}"
+    assert lock_channel("{user:7}:cart") == "redisson_lock__channel:{user:7}:cart"
+
+
+def test_final_release_publishes_redissons_unlock_message(r):
+    lock = RLock(r, "pub")
+    p = r.pubsub()
+    p.subscribe("redisson_lock__channel:{pub}")
+    assert p.get_message(timeout=2)["type"] == "subscribe"
+    lock.lock()
+    lock.lock()
+    lock.unlock()  # partial: nothing published
+    assert p.get_message(timeout=0.3) is None
+    lock.unlock()
+    msg = p.get_message(timeout=2)
+    assert msg["type"] == "message" and msg["data"] == b"0"
+    p.close()
+
+
+def test_a_foreign_redisson_holder_blocks_us_and_its_publish_wakes_us(r):
+    # What a Java service using Redisson leaves in Redis: same hash, another client uuid.
+    r.hset("shared", "0f3c2b9e-1111-4222-8333-444455556666:1", 1)
+    r.pexpire("shared", 30_000)
+    lock = RLock(r, "shared")
+    assert lock.try_lock() is False
+    got: list[float] = []
+
+    def wait() -> None:
+        start = time.monotonic()
+        lock.lock()
+        got.append(time.monotonic() - start)
+        lock.unlock()
+
+    t = threading.Thread(target=wait)
+    t.start()
+    time.sleep(0.5)
+    # Redisson's unlock: delete the hash, publish "0" on the brace-tagged channel.
+    r.delete("shared")
+    r.publish("redisson_lock__channel:{shared}", "0")
+    t.join(10)
+    assert got and got[0] < 5  # woken by the message, not by the 30 s PTTL

@@ -1,0 +1,177 @@
+"""Waiters sleep on the shared subscription and wake on release, on PTTL, or at budget end."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from django_rlock import RLock
+from django_rlock.engine import pubsub
+from tests.conftest import script_calls
+
+
+def timed_lock(lock: RLock, **kw) -> tuple[bool, float]:
+    start = time.monotonic()
+    if kw:
+        ok = lock.try_lock(**kw)
+    else:
+        lock.lock()
+        ok = True
+    return ok, time.monotonic() - start
+
+
+def test_waiter_wakes_on_unlock_without_polling(r, holders):
+    lock = RLock(r, "wake")
+    holder, waiter = holders(), holders()
+    holder.call(lambda: lock.lock())  # watchdog mode: PTTL 30 s, so only a message wakes early
+    r.config_resetstat()
+    result = waiter.submit(lambda: timed_lock(lock))
+    time.sleep(2.0)
+    release_at = time.monotonic()
+    holder.call(lock.unlock)
+    ok, waited = result(20)
+    assert ok and 1.9 < waited < 3.5
+    # The waiter's acquire attempts: first try, the retry after subscribing, the one after
+    # the wake-up; plus the holder's one release.
+    assert script_calls(r) - 1 <= 3
+    waiter.call(lock.unlock)
+
+
+def test_waiter_wakes_when_the_holders_lease_expires(r, holders):
+    lock = RLock(r, "expire")
+    holder, waiter = holders(), holders()
+    holder.call(lambda: lock.lock(lease_time=1.5))  # never unlocked: expiry publishes nothing
+    r.config_resetstat()
+    ok, waited = waiter.call(lambda: timed_lock(lock), timeout=20)
+    assert ok and 1.0 < waited < 4.0
+    assert script_calls(r) <= 4  # it slept on the PTTL, it did not poll
+    waiter.call(lock.unlock)
+
+
+def test_try_lock_gives_up_after_its_budget(r, holders):
+    lock = RLock(r, "budget")
+    holders().call(lambda: lock.lock())
+    r.config_resetstat()
+    ok, waited = timed_lock(lock, wait_time=1.0)
+    assert ok is False and 0.95 <= waited < 3.0
+    assert script_calls(r) <= 3
+    ok, waited = timed_lock(lock, wait_time=0)
+    assert ok is False and waited < 1.0
+
+
+def test_force_unlock_wakes_waiters(r, holders):
+    lock = RLock(r, "forced")
+    holder, waiter = holders(), holders()
+    holder.call(lambda: lock.lock())
+    result = waiter.submit(lambda: timed_lock(lock))
+    time.sleep(0.5)
+    assert lock.force_unlock() is True
+    ok, waited = result(20)
+    assert ok and waited < 3.0  # the lock's PTTL was 30 s
+    assert waiter.call(lock.is_held_by_current_thread)
+    waiter.call(lock.unlock)
+
+
+def test_release_in_another_process_wakes_our_waiter(r, holders):
+    """The message path alone (no local shortcut): a release by a different client id."""
+    lock = RLock(r, "remote")
+    r.hset("remote", "another-process:1", 1)
+    r.pexpire("remote", 60_000)
+    result = holders().submit(lambda: timed_lock(lock))
+    time.sleep(0.5)
+    r.eval("redis.call('del', KEYS[1]); return redis.call('publish', KEYS[2], '0')", 2,
+           "remote", "redisson_lock__channel:{remote}")
+    ok, waited = result(20)
+    assert ok and waited < 3.0
+
+
+def test_many_waiters_share_one_pubsub_connection(r, holders):
+    locks = [RLock(r, f"shared:{i}") for i in range(3)]
+    owner = holders()
+    for lock in locks:
+        owner.call(lambda lock=lock: lock.lock())
+    waiters = [holders() for _ in range(6)]
+    results = [w.submit(lambda i=i: timed_lock(locks[i % 3], wait_time=20))
+               for i, w in enumerate(waiters)]
+    time.sleep(1.0)
+    pubsub_clients = [c for c in r.client_list() if int(c.get("sub", 0)) > 0]
+    assert len(pubsub_clients) == 1  # one connection for every waiter of every key
+    channels = set(r.pubsub_channels())
+    assert {f"redisson_lock__channel:{{shared:{i}}}".encode() for i in range(3)} <= channels
+    for lock in locks:
+        owner.call(lock.unlock)
+    # Each winner releases so the next waiter of its key gets in.
+    done = 0
+    deadline = time.monotonic() + 20
+    pending = list(zip(waiters, results))
+    while pending and time.monotonic() < deadline:
+        for w, res in list(pending):
+            try:
+                ok, _ = res(0.05)
+            except TimeoutError:
+                continue
+            assert ok
+            w.call(lambda w=w: [lk.unlock() for lk in locks if lk.is_held_by_current_thread()])
+            pending.remove((w, res))
+            done += 1
+    assert done == 6
+
+
+def test_idle_channels_are_unsubscribed(r, holders):
+    lock = RLock(r, "idle")
+    holder = holders()
+    holder.call(lambda: lock.lock())
+    result = holders().submit(lambda: timed_lock(lock, wait_time=0.3))
+    assert result(10)[0] is False
+    channel = b"redisson_lock__channel:{idle}"
+    assert channel in r.pubsub_channels()
+    deadline = time.monotonic() + pubsub.LINGER + 5
+    while channel in r.pubsub_channels() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert channel not in r.pubsub_channels()
+    holder.call(lock.unlock)
+
+
+def test_waiter_survives_a_killed_pubsub_connection(r, holders):
+    lock = RLock(r, "killed")
+    holder, waiter = holders(), holders()
+    holder.call(lambda: lock.lock())
+    result = waiter.submit(lambda: timed_lock(lock))
+    time.sleep(0.5)
+    assert r.client_kill_filter(_type="pubsub") >= 1
+    time.sleep(0.5)
+    assert b"redisson_lock__channel:{killed}" in r.pubsub_channels()  # subscribed again
+    holder.call(lock.unlock)
+    ok, waited = result(20)
+    assert ok and waited < 5.0  # well before the 30 s PTTL
+    waiter.call(lock.unlock)
+
+
+def test_waiters_in_one_process_take_turns(r):
+    """Eight threads, one key: every thread gets the lock, exclusion holds, no polling."""
+    lock = RLock(r, "turns")
+    counter = [0]
+    inside = [0]
+    overlap = []
+    per_thread = 25
+
+    def work() -> None:
+        for _ in range(per_thread):
+            with lock:
+                inside[0] += 1
+                if inside[0] != 1:
+                    overlap.append(True)
+                v = counter[0]
+                time.sleep(0.0005)
+                counter[0] = v + 1
+                inside[0] -= 1
+
+    r.config_resetstat()
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert counter[0] == 8 * per_thread and not overlap
+    # One attempt and one release per acquisition, plus few failed retries.
+    assert script_calls(r) <= 3.5 * 8 * per_thread

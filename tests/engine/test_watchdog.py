@@ -1,0 +1,133 @@
+"""The watchdog: one thread per process, batched renewal, losses reported, never dies."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from django_rlock import LockNotOwnedError, RLock
+from django_rlock.engine.watchdog import watchdog
+from tests.faultproxy import FaultProxy
+
+
+def watchdog_threads() -> int:
+    return sum(1 for t in threading.enumerate() if t.name == "django-rlock-watchdog")
+
+
+def test_watchdog_keeps_a_lock_for_several_timeouts(r):
+    lock = RLock(r, "kept", watchdog_timeout=1.0)
+    lock.lock()
+    try:
+        for _ in range(14):  # 3.5 s = 3.5 x the timeout
+            time.sleep(0.25)
+            assert r.pttl("kept") > 0
+    finally:
+        lock.unlock()
+    assert not r.exists("kept")
+
+
+def test_lease_mode_is_not_renewed(r):
+    lock = RLock(r, "leased", watchdog_timeout=1.0)
+    lock.lock(lease_time=0.6)
+    time.sleep(1.2)
+    assert not r.exists("leased")
+    with pytest.raises(LockNotOwnedError):
+        lock.unlock()
+
+
+def test_one_thread_renews_many_locks_in_few_round_trips(r):
+    locks = [RLock(r, f"many:{i}", watchdog_timeout=1.5) for i in range(600)]
+    for lock in locks:
+        lock.lock()
+    wd = watchdog()
+    trips, renewed = wd.round_trips, wd.renewed
+    time.sleep(2.6)  # five half-periods
+    try:
+        assert watchdog_threads() == 1
+        assert wd.renewed - renewed >= 600
+        # 600 locks, 0.5 s period, ~5 periods: a timer per lock would need ~3000 round trips.
+        assert wd.round_trips - trips <= 12
+        assert all(r.pttl(lock.key) > 0 for lock in locks[::50])
+    finally:
+        for lock in locks:
+            lock.unlock()
+    assert watchdog().renewing() == 0
+
+
+def test_redis_restart_marks_the_hold_lost_and_later_locks_renew(own_server, holders, caplog):
+    client = own_server.client()
+    lost: list[str] = []
+    lock = RLock(client, "restart", watchdog_timeout=1.0, on_lost=lost.append)
+    h = holders()
+    h.call(lambda: lock.lock())
+    caplog.set_level(logging.WARNING, logger="django_rlock")
+    own_server.restart()  # data and scripts gone
+    deadline = time.monotonic() + 5
+    while not lost and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert lost == ["restart"]
+    assert h.call(lock.is_lost)
+    assert any("restart" in rec.getMessage() and "lost" in rec.getMessage() for rec in caplog.records)
+    with pytest.raises(LockNotOwnedError):
+        h.call(lock.unlock)
+    # The watchdog thread survived the outage: a new hold is renewed normally.
+    fresh = RLock(client, "after-restart", watchdog_timeout=1.0)
+    h.call(lambda: fresh.lock())
+    time.sleep(2.2)
+    assert client.pttl("after-restart") > 0 and not h.call(fresh.is_lost)
+    h.call(fresh.unlock)
+    assert not client.exists("after-restart")
+    client.close()
+
+
+@pytest.mark.parametrize("op", ["acquire", "release"])
+def test_lock_scripts_are_never_resent_after_a_lost_reply(r, redis_server, op):
+    """The server ran the script but the reply was lost. redis-py's Retry (3 retries here)
+    would run it again: hold count 4 after one acquire (Redisson #4822/#7367), or a release
+    of every level of a reentrant hold. We send once and surface the timeout."""
+    proxy = FaultProxy(redis_server.socket)
+    c = redis.Redis(port=proxy.port, socket_timeout=0.3, retry=Retry(NoBackoff(), 3))
+    lock = RLock(c, "once")
+    holder = holders_thread()
+    try:
+        holder.call(lambda: lock.lock(lease_time=30))
+        if op == "release":
+            holder.call(lambda: lock.lock(lease_time=30))
+            holder.call(lambda: lock.lock(lease_time=30))
+        proxy.swallow_replies.set()
+        call = (lambda: lock.lock(lease_time=30)) if op == "acquire" else lock.unlock
+        with pytest.raises(redis.TimeoutError):
+            holder.call(call)
+        assert r.hvals("once") == ([b"2"] if op == "acquire" else [b"2"])  # ran exactly once
+    finally:
+        proxy.close()
+        holder.close()
+        c.close()
+
+
+def holders_thread():
+    from tests.conftest import Holder
+
+    return Holder()
+
+
+def test_a_failed_release_cancels_renewal(own_server):
+    admin = own_server.client()
+    c = own_server.client(socket_timeout=0.3)
+    lock = RLock(c, "stuck", watchdog_timeout=1.0)
+    lock.lock()
+    admin.client_pause(700, all=False)
+    with pytest.raises(redis.TimeoutError):
+        lock.unlock()
+    assert watchdog().renewing() == 0
+    # Whether or not the release landed, nothing keeps the key alive beyond its lease.
+    time.sleep(2.0)
+    assert not admin.exists("stuck")
+    c.close()
+    admin.close()
