@@ -95,8 +95,8 @@ def commandstats(client: redis.Redis) -> dict[str, int]:
     """``INFO commandstats`` as {command: calls} (script-inner calls included, see module doc)."""
     out: dict[str, int] = {}
     for key, val in client.info("commandstats").items():
-        name = key.removeprefix("cmdstat_")
-        out[name.split("|", 1)[0]] = out.get(name, 0) + int(val["calls"])
+        name = key.removeprefix("cmdstat_").split("|", 1)[0]  # Redis 7: "client|setinfo"
+        out[name] = out.get(name, 0) + int(val["calls"])
     return out
 
 

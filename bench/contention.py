@@ -23,6 +23,7 @@ import threading
 import time
 import traceback
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -265,7 +266,7 @@ class Summary:
     runs: list[RunResult]
     cross_ratio: float = float("nan")   # cross-holder gap p50 / python-redis-lock's, per round
 
-    def _med(self, f: Any) -> float:
+    def _med(self, f: Callable[[RunResult], float]) -> float:
         return median([f(r) for r in self.runs])
 
     @property

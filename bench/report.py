@@ -37,19 +37,20 @@ class Table:
     title: str
     headers: list[str]
     rows: list[list[str]]
+    left: int = 1   # leading columns that hold text (left-aligned); the rest are numbers
 
     def text(self) -> str:
         widths = [max(len(h), *(len(r[i]) for r in self.rows)) if self.rows else len(h)
                   for i, h in enumerate(self.headers)]
 
         def line(cells: Sequence[str]) -> str:
-            return "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+            return "  ".join(c.ljust(w) if i < self.left else c.rjust(w)
                              for i, (c, w) in enumerate(zip(cells, widths)))
         rule = "  ".join("-" * w for w in widths)
         return "\n".join([self.title, line(self.headers), rule, *(line(r) for r in self.rows)])
 
     def markdown(self) -> str:
-        align = ["---"] + ["---:"] * (len(self.headers) - 1)
+        align = ["---"] * self.left + ["---:"] * (len(self.headers) - self.left)
         out = [f"| {' | '.join(self.headers)} |", f"|{'|'.join(align)}|"]
         out += [f"| {' | '.join(c.replace('|', '/') for c in r)} |" for r in self.rows]
         return "\n".join(out)
@@ -107,7 +108,7 @@ def table_breakdown(title: str, b: dict[str, contention.Summary]) -> Table:
              "yes" if s.evalsha_agrees else "NO"] for lib, s in b.items()]
     return Table(title, ["library", "client sends, per acquisition",
                          "server executes (incl. script-inner), per acquisition",
-                         "EVALSHA client = server"], rows)
+                         "EVALSHA client = server"], rows, left=4)
 
 
 def table_w(w: renewal.WResult) -> Table:
@@ -168,7 +169,7 @@ def targets(res: Results) -> list[Target]:
 
 def table_targets(ts: list[Target]) -> Table:
     return Table("Targets", ["target", "goal", "measured", "result"],
-                 [[t.name, t.goal, t.measured, t.verdict] for t in ts])
+                 [[t.name, t.goal, t.measured, t.verdict] for t in ts], left=4)
 
 
 def observations(res: Results) -> list[str]:
@@ -176,11 +177,16 @@ def observations(res: Results) -> list[str]:
     notes: list[str] = []
     if res.a is not None and RLOCK in res.a:
         ra, fl = res.a[RLOCK], res.a[FLOOR]
-        notes.append(
-            f"A: a django-rlock pair is two EVALSHA, like the floor; it costs "
-            f"{num(ra.p50_us - fl.p50_us, 1)} us more at p50 ({num(ra.ratio)}x). That is the "
-            f"Python around the two calls (owner string, hold registry, pub/sub and yield "
-            f"checks), offset by sending on a pooled connection without redis-py's command path.")
+        diff = ra.p50_us - fl.p50_us
+        why = ("its Python bookkeeping (owner string, hold registry, pub/sub and yield checks) "
+               "costs more than it saves by sending each script straight on a pooled connection"
+               if diff >= 0 else
+               "sending each script straight on a pooled connection, past redis-py's generic "
+               "command path that the floor's `client.evalsha` takes, saves more than its "
+               "Python bookkeeping (owner string, hold registry, pub/sub and yield checks) costs")
+        notes.append(f"A: a django-rlock pair is two EVALSHA, like the floor, and costs "
+                     f"{num(abs(diff), 1)} us {'more' if diff >= 0 else 'less'} at p50 "
+                     f"({num(ra.ratio)}x): {why}.")
     for label, b, n in (("threads", res.b_threads, res.threads), ("processes", res.b_procs, res.procs)):
         if b is None or RLOCK not in b:
             continue
@@ -195,11 +201,9 @@ def observations(res: Results) -> list[str]:
             notes.append(
                 f"B {n} {label}: MISS on client commands ({num(s.client_per_acq)} > "
                 f"{B_MAX_CLIENT_CMDS}): every failed attempt is one more EVALSHA. A release "
-                f"PUBLISHes to every process with a waiter and each such process wakes one "
-                f"waiter, so with {n} {label} up to {n - 1} attempts race for each hand-off "
-                f"and all but one fail." if label == "processes" else
-                f"B {n} {label}: MISS on client commands ({num(s.client_per_acq)} > "
-                f"{B_MAX_CLIENT_CMDS}): failed attempts beyond the one woken waiter.")
+                f"PUBLISHes to every process subscribed to the lock's channel (the releasing "
+                f"process's own subscription included) and each wakes one waiter, so up to {n} "
+                f"attempts race for each hand-off and all but one fail.")
         if s.max_wait_ms > B_MAX_WAIT_MS:
             notes.append(f"B {n} {label}: MISS on max wait ({num(s.max_wait_ms, 1)} ms).")
         if PRL in b and not s.cross_ratio <= B_MAX_CROSS_RATIO:

@@ -45,7 +45,7 @@ class Plan:
 
 FULL = Plan(a_rounds=3, a_seconds=2.0, b_rounds=3, b_seconds=4.0, w_locks=10_000, w_settle=2,
             w_observe=9)
-QUICK = Plan(a_rounds=1, a_seconds=0.5, b_rounds=1, b_seconds=1.5, w_locks=10_000, w_settle=1,
+QUICK = Plan(a_rounds=1, a_seconds=1.0, b_rounds=1, b_seconds=2.5, w_locks=10_000, w_settle=1,
              w_observe=3)
 
 A_LIBS = [FLOOR, RLOCK, RLOCK_LEASE, REDIS_PY, PRL]
@@ -78,6 +78,10 @@ def machine(server: RedisServer) -> list[tuple[str, str]]:
     try:
         rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
                              capture_output=True, text=True, timeout=10, check=False).stdout.strip() or "?"
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "django_rlock"],
+                               capture_output=True, text=True, timeout=10, check=False).stdout.strip()
+        if dirty:
+            rev += " + uncommitted changes under django_rlock/"
     except (OSError, subprocess.SubprocessError):
         rev = "?"
     return [
@@ -124,7 +128,7 @@ def method_notes(plan: Plan, counted: bool, server: RedisServer) -> list[str]:
         + " EVALSHA is never called from a script, so its client and server counts must agree.",
         (f"(W) a spawned process acquires {plan.w_locks:,} distinct locks in watchdog mode with "
         f"`watchdog_timeout={plan.w_timeout:g}` (renewal period {plan.w_timeout / 3:g} s), lets "
-        f"{plan.w_settle:g} periods pass, then observes {plan.w_observe:g} periods: "
+        f"{plan.w_settle:g} period(s) pass, then observes {plan.w_observe:g} periods: "
         "`watchdog().round_trips` and `.renewed` deltas, process CPU (`time.process_time`) and "
         "the watchdog thread's own CPU clock, and the server's INFO. Then every key's PTTL is "
         "read and all locks are released."),
