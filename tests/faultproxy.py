@@ -1,4 +1,4 @@
-"""A TCP proxy in front of the test redis-server that can swallow replies.
+"""A TCP proxy in front of the test redis-server that can lose one reply.
 
 It makes the network fault behind Redisson #4822/#7367 real: the server runs a command,
 the client never hears back, times out, and a client-side retry would run it again.
@@ -41,6 +41,7 @@ class FaultProxy:
                 if not data:
                     break
                 if replies and self.swallow_replies.is_set():
+                    self.swallow_replies.clear()  # lose this one reply, like a dropped packet
                     continue
                 dst.sendall(data)
         except OSError:

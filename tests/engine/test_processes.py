@@ -81,7 +81,16 @@ def test_a_forked_child_is_a_new_owner(r, redis_server):
         finally:
             os._exit(code)
     os.close(write_end)
-    _, status = os.waitpid(pid, 0)
+    deadline = time.monotonic() + 30
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung")
+        time.sleep(0.05)
     report = os.read(read_end, 1000).decode()
     os.close(read_end)
     assert report == "1" * 6, report
