@@ -1,10 +1,12 @@
+from pathlib import Path
+
 from setuptools import find_packages, setup
 
 setup(
     name="django-rlock",
     version="0.1.0",
     description="Redisson's distributed locks for Python on Redis, first-class in Django and Celery",
-    long_description=open("README.md", encoding="utf-8").read(),
+    long_description=Path("README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     license="MIT",
     python_requires=">=3.11",

@@ -124,7 +124,7 @@ def _child(spec: ChildSpec, results: Any, start_evt: Any, start_val: Any) -> Non
                 errors.append(f"a contender of {spec.lib} did not finish")
         counts = packer.snapshot()
         results.put(("result", spec.index, ([r for o in outs for r in o], counts, errors)))
-    except Exception:  # noqa: BLE001 - anything at all goes to the coordinator, with its traceback
+    except Exception:
         results.put(("error", spec.index, traceback.format_exc()))
 
 

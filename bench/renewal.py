@@ -108,7 +108,7 @@ def _child(socket_path: str, n: int, watchdog_timeout: float, settle: float, obs
             (cpu1 - cpu0) * 1e3 / periods, (tc1 - tc0) * 1e3 / periods, (rc1 - rc0) / periods,
             (us1 - us0) / periods, n_wd, n_threads, sum(1 for t in ttls if t > 0),
             min(ttls) if ttls else -2, release_s, left)))
-    except Exception:  # noqa: BLE001 - anything at all goes to the coordinator, with its traceback
+    except Exception:
         out.put(("error", traceback.format_exc()))
 
 

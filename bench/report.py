@@ -45,7 +45,7 @@ class Table:
 
         def line(cells: Sequence[str]) -> str:
             return "  ".join(c.ljust(w) if i < self.left else c.rjust(w)
-                             for i, (c, w) in enumerate(zip(cells, widths)))
+                             for i, (c, w) in enumerate(zip(cells, widths, strict=False)))
         rule = "  ".join("-" * w for w in widths)
         return "\n".join([self.title, line(self.headers), rule, *(line(r) for r in self.rows)])
 

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import shutil
 import threading
-from collections.abc import Iterator
-from typing import Any, Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import redis

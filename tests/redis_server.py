@@ -37,7 +37,7 @@ class RedisServer:
     def client(self, **kwargs: object) -> redis.Redis:
         return redis.Redis(unix_socket_path=self.socket, **kwargs)  # type: ignore[arg-type]
 
-    def start(self) -> "RedisServer":
+    def start(self) -> RedisServer:
         self.proc = subprocess.Popen(
             [redis_server_binary(), "--port", "0", "--unixsocket", self.socket,
              "--unixsocketperm", "700", "--save", "", "--appendonly", "no", "--dir", self.dir,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import threading
 import uuid
-from typing import Callable
+from collections.abc import Callable
 
 _process_id = str(uuid.uuid4())
 _pid = os.getpid()

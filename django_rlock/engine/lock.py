@@ -9,8 +9,9 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from types import TracebackType
-from typing import Any, Callable
+from typing import Any
 
 from . import identity, pubsub
 from .errors import LockNotOwnedError
@@ -157,25 +158,43 @@ class RLock:
         start = time.monotonic()
         deadline = None if wait is None else start + wait
         sub_timeout = SUBSCRIBE_TIMEOUT if deadline is None else min(SUBSCRIBE_TIMEOUT, wait or 0.0)
+        renew = lease_ms is None
+        ms = self._watchdog_ms if renew else lease_ms
+
+        def on_grant() -> None:  # runs on the releasing thread, before we are woken
+            watchdog().acquired(k, self._client, self.name, ms, renew, self.watchdog_timeout,
+                                self._on_lost)
+
         mgr = pubsub.manager(self._client)
-        with mgr.waiting(self._channel, sub_timeout) as slot:
-            if park_until:
-                end = park_until if deadline is None else min(park_until, deadline)
-                slot.park(end - time.monotonic())
-            while True:
-                ttl = self._attempt(k, lease_ms)
-                again = slot.attempted(ttl is None, ttl)
-                if ttl is None:
-                    return True
-                if again:
-                    continue
-                now = time.monotonic()
-                if deadline is not None and now >= deadline:
-                    return False
-                timeout = ttl / 1000.0 if ttl >= 0 else None
-                if deadline is not None:
-                    timeout = deadline - now if timeout is None else min(timeout, deadline - now)
-                slot.park(timeout)
+        with mgr.waiting(self._channel, sub_timeout, k[2], ms, on_grant) as slot:
+            try:
+                if park_until:
+                    end = park_until if deadline is None else min(park_until, deadline)
+                    if slot.park(end - time.monotonic()):
+                        return True
+                while True:
+                    ttl = self._attempt(k, lease_ms)
+                    again = slot.attempted(ttl is None, ttl)
+                    if ttl is None:
+                        return True
+                    if again:
+                        continue
+                    now = time.monotonic()
+                    if deadline is not None and now >= deadline:
+                        return False
+                    # Redis expires a key once its deadline has *passed*: PTTL 0 is still there.
+                    timeout = (ttl + 1) / 1000.0 if ttl >= 0 else None
+                    if deadline is not None:
+                        timeout = deadline - now if timeout is None else min(timeout, deadline - now)
+                    if slot.park(timeout):
+                        return True
+            except BaseException:
+                if slot.granted:  # handed the lock, but we are unwinding: give it back
+                    try:
+                        self.unlock()
+                    except Exception:
+                        pass
+                raise
 
     # -- releasing ------------------------------------------------------------------------
     def unlock(self) -> None:
@@ -189,34 +208,69 @@ class RLock:
         wd = watchdog()
         hold = wd.get(k)
         lease_ms = hold.lease_ms if hold is not None else self._watchdog_ms
+        final = hold is None or hold.count <= 1
+        mgr = pubsub.existing_manager(self._client) if final else None
+        heir = mgr.reserve(self._channel) if mgr is not None else None
+        echo = mgr.expect_echo(self._channel) if mgr is not None else False
         try:
-            r = call_once(self._client, RELEASE_SCRIPT, (self.key, self._channel),
-                          (k[2], lease_ms, UNLOCK_MESSAGE))
+            r = self._release(k[2], lease_ms, heir)
         except BaseException:
             wd.released(k, hold, fully=False)
+            if mgr is not None:
+                self._settle(mgr, heir, echo, False)
             raise
         if r is None:
             wd.forget(k)
             wd.forget_lost(k)
+            if mgr is not None:
+                self._settle(mgr, heir, echo, False)
             raise LockNotOwnedError(
                 f"cannot unlock {self.name!r}: it is not held by this owner ({k[2]}); it was never "
                 f"acquired, its lease expired, or it was lost or force-unlocked", self.name)
-        r = int(r)
-        if r == 0:
-            wd.released(k, hold, fully=False)
-            return
-        wd.released(k, hold, fully=True)
-        self._after_delete(r - 1)
+        wd.released(k, hold, fully=r != 0)
+        if mgr is not None:
+            self._settle(mgr, heir, echo, r)
+        elif r > 0:
+            self._after_delete(r - 1, None)
 
     release = unlock
 
-    def _after_delete(self, receivers: int) -> None:
-        mgr = pubsub.existing_manager(self._client)
+    def _release(self, owner: str, lease_ms: int, heir: pubsub.Waiter | None) -> int | None:
+        args: tuple[Any, ...] = (owner, lease_ms, UNLOCK_MESSAGE)
+        if heir is not None:
+            args += (heir.owner, heir.lease_ms, 1)
+        r = call_once(self._client, RELEASE_SCRIPT, (self.key, self._channel), args)
+        return None if r is None else int(r)
+
+    def _settle(self, mgr: pubsub.PubSubManager, heir: pubsub.Waiter | None, echo: bool,
+                r: int | None | bool) -> None:
+        """Tell the pub/sub side what the release did: hand-off, publish, or nothing."""
+        published = isinstance(r, int) and not isinstance(r, bool) and r > 0
+        if echo and not published:
+            mgr.cancel_echo(self._channel)
+        if heir is not None:
+            granted = r == -1
+            if granted and heir.on_grant is not None and not heir.abandoned:
+                heir.on_grant()
+            if not mgr.resolve(self._channel, heir, granted):
+                # The waiter left before the hand-off settled: release on its behalf.
+                call_once(self._client, RELEASE_SCRIPT, (self.key, self._channel),
+                          (heir.owner, heir.lease_ms, UNLOCK_MESSAGE))
+        if published:
+            self._after_delete(int(r) - 1, mgr)
+
+    def _after_delete(self, receivers: int, mgr: pubsub.PubSubManager | None) -> None:
+        if mgr is None:
+            mgr = pubsub.existing_manager(self._client)
         if mgr is not None:
             if mgr.subscribed(self._channel):
                 receivers -= 1  # our own subscription got the message too
             mgr.wake(self._channel)
         if receivers > 0:
+            if len(_yield_until) > 1024:
+                now = time.monotonic()
+                for key in [key for key, t in _yield_until.items() if t <= now]:
+                    del _yield_until[key]
             _yield_until[(self._server, self.key)] = time.monotonic() + YIELD_WINDOW
 
     def force_unlock(self) -> bool:
@@ -253,7 +307,7 @@ class RLock:
         return watchdog().is_lost((self._server, self.key, identity.thread_owner()))
 
     # -- context manager ------------------------------------------------------------------
-    def __enter__(self) -> "RLock":
+    def __enter__(self) -> RLock:
         self.lock()
         return self
 

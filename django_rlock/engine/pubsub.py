@@ -19,8 +19,9 @@ import collections
 import logging
 import threading
 import time
-from typing import Any, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from . import identity
 from .watchdog import server_id
@@ -35,14 +36,27 @@ _PING_AFTER = 30.0
 
 
 class Waiter:
-    """One waiting thread. ``signaled``: woken by a message, its retry not yet done."""
+    """One waiting thread.
 
-    __slots__ = ("_park", "signaled")
+    ``signaled``: woken, its retry not yet done. ``reserved``: chosen by a releasing thread
+    of this process for a direct hand-off whose outcome is not known yet. ``granted``: the
+    hand-off happened; this waiter owns the lock without sending anything.
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("_park", "signaled", "reserved", "granted", "abandoned", "owner", "lease_ms",
+                 "on_grant")
+
+    def __init__(self, owner: str = "", lease_ms: int = 0,
+                 on_grant: Callable[[], None] | None = None) -> None:
         self._park = threading.Lock()
         self._park.acquire()
         self.signaled = False
+        self.reserved = False
+        self.granted = False
+        self.abandoned = False
+        self.owner = owner
+        self.lease_ms = lease_ms
+        self.on_grant = on_grant
 
     def park(self, timeout: float | None) -> None:
         if timeout is None:
@@ -53,29 +67,33 @@ class Waiter:
             self._park.acquire(blocking=False)
 
     def _unpark(self) -> None:
-        self.signaled = True
         try:
             self._park.release()
         except RuntimeError:  # already released: a wake is pending anyway
             pass
+
+    def _signal(self) -> None:
+        self.signaled = True
+        self._unpark()
 
 
 class Channel:
     """The waiters of one lock channel in this process."""
 
     __slots__ = ("name", "queue", "active", "pending", "refs", "want", "confirmed",
-                 "idle_since", "expires_hint")
+                 "idle_since", "expires_hint", "echoes")
 
     def __init__(self, name: bytes) -> None:
         self.name = name
         self.queue: collections.deque[Waiter] = collections.deque()
-        self.active = 0            # woken waiters whose retry is in flight
-        self.pending = False       # a wake arrived while a retry was in flight
+        self.active = 0            # woken or reserved waiters whose outcome is not known yet
+        self.pending = False       # a wake arrived while one was in flight
         self.refs = 0              # waiters that joined (keeps the subscription)
         self.want = 0              # the SUBSCRIBE confirmation that covers us
         self.confirmed = threading.Event()
         self.idle_since = 0.0
         self.expires_hint = 0.0    # monotonic time the holder's lease was last seen to end
+        self.echoes = 0            # our own unlock messages still to come back: not wake-ups
 
     def busy(self) -> bool:
         return bool(self.queue) or self.active > 0
@@ -85,12 +103,12 @@ class Channel:
             self.pending = True
         elif self.queue:
             self.active += 1
-            self.queue.popleft()._unpark()
+            self.queue.popleft()._signal()
 
     def wake_all(self) -> None:
         while self.queue:
             self.active += 1
-            self.queue.popleft()._unpark()
+            self.queue.popleft()._signal()
 
 
 class Slot:
@@ -98,13 +116,24 @@ class Slot:
 
     __slots__ = ("_mgr", "channel", "_waiter")
 
-    def __init__(self, mgr: "PubSubManager", channel: Channel, waiter: Waiter) -> None:
+    def __init__(self, mgr: PubSubManager, channel: Channel, waiter: Waiter) -> None:
         self._mgr = mgr
         self.channel = channel
         self._waiter = waiter
 
-    def park(self, timeout: float | None) -> None:
-        self._waiter.park(timeout)
+    def park(self, timeout: float | None) -> bool:
+        """Sleep until woken or ``timeout``; True if a releasing thread handed us the lock."""
+        w = self._waiter
+        w.park(timeout)
+        while True:
+            with self._mgr._lock:
+                if not w.reserved:
+                    return w.granted
+            w.park(None)  # a hand-off to us is in flight: its outcome comes within one round trip
+
+    @property
+    def granted(self) -> bool:
+        return self._waiter.granted
 
     def attempted(self, acquired: bool, ttl_ms: int | None = None) -> bool:
         """Record the outcome of a retry. True means: retry again now, do not park."""
@@ -136,7 +165,9 @@ class Slot:
     def _leave(self) -> None:
         ch, w = self.channel, self._waiter
         with self._mgr._lock:
-            if w.signaled:
+            if w.reserved:
+                w.abandoned = True  # the releasing thread will undo a hand-off to us
+            elif w.signaled:
                 # Woken but leaving (budget spent, interrupted): hand the wake on.
                 w.signaled = False
                 ch.active -= 1
@@ -184,14 +215,73 @@ class PubSubManager:
             if ch is not None:
                 ch.wake_one()
 
+    def reserve(self, channel: bytes) -> Waiter | None:
+        """Pick this process's first waiter for a direct hand-off by a releasing thread.
+
+        Only when the subscription is confirmed, so the release script's NUMSUB counts us
+        and can tell whether any *other* process waits (then there is no hand-off).
+        """
+        with self._lock:
+            ch = self._channels.get(channel)
+            if (ch is None or not ch.queue or ch.active or not self._connected
+                    or not ch.confirmed.is_set()):
+                return None
+            w = ch.queue.popleft()
+            w.reserved = True
+            ch.active += 1
+            return w
+
+    def resolve(self, channel: bytes, w: Waiter, granted: bool) -> bool:
+        """Settle a reservation. Returns False if the waiter left meanwhile (the caller must
+        then release the lock on its behalf)."""
+        with self._lock:
+            ch = self._channels.get(channel)
+            w.reserved = False
+            if w.abandoned:
+                if ch is not None:
+                    ch.active -= 1
+                    if not granted:
+                        ch.wake_one()
+                return not granted
+            if granted:
+                w.granted = True
+                if ch is not None:
+                    ch.active -= 1
+                    ch.pending = False
+                w._unpark()
+            else:
+                # Released the ordinary way (or not at all): this waiter retries first.
+                w._signal()
+            return True
+
+    def expect_echo(self, channel: bytes) -> bool:
+        """A release that may publish is about to be sent: its message is not a wake-up."""
+        with self._lock:
+            ch = self._channels.get(channel)
+            if ch is None or not self._connected or not ch.confirmed.is_set():
+                return False
+            ch.echoes += 1
+            return True
+
+    def cancel_echo(self, channel: bytes) -> None:
+        with self._lock:
+            ch = self._channels.get(channel)
+            if ch is not None and ch.echoes > 0:
+                ch.echoes -= 1
+
     def expires_hint(self, channel: bytes) -> float:
         ch = self._channels.get(channel)
         return ch.expires_hint if ch is not None else 0.0
 
     @contextmanager
-    def waiting(self, channel: bytes, subscribe_timeout: float | None) -> Iterator[Slot]:
-        """Join the channel's queue (subscribing if needed) for the body of the block."""
-        w = Waiter()
+    def waiting(self, channel: bytes, subscribe_timeout: float | None, owner: str = "",
+                lease_ms: int = 0, on_grant: Callable[[], None] | None = None) -> Iterator[Slot]:
+        """Join the channel's queue (subscribing if needed) for the body of the block.
+
+        ``owner``, ``lease_ms`` and ``on_grant`` let a releasing thread of this process hand
+        the lock straight to this waiter (see ``reserve``).
+        """
+        w = Waiter(owner, lease_ms, on_grant)
         with self._lock:
             ch = self._channels.get(channel)
             if ch is None:
@@ -245,6 +335,7 @@ class PubSubManager:
             for ch in self._channels.values():
                 ch.confirmed.clear()
                 ch.want = 1
+                ch.echoes = 0
             if names:
                 self._conn.send_command("SUBSCRIBE", *names, check_health=False)
                 for name in names:
@@ -300,16 +391,19 @@ class PubSubManager:
             if kind == b"message":
                 ch = self._channels.get(name)
                 if ch is not None:
-                    ch.wake_one()
+                    if ch.echoes > 0:
+                        ch.echoes -= 1  # our own release: its waiters were woken directly
+                    else:
+                        ch.wake_one()
             elif kind == b"subscribe":
                 n = self._acked[name] = self._acked.get(name, 0) + 1
                 ch = self._channels.get(name)
                 if ch is not None and n >= ch.want:
                     ch.confirmed.set()
-            elif kind == b"unsubscribe":
-                if name not in self._channels and self._acked.get(name, 0) >= self._sent.get(name, 0):
-                    self._acked.pop(name, None)
-                    self._sent.pop(name, None)
+            elif (kind == b"unsubscribe" and name not in self._channels
+                  and self._acked.get(name, 0) >= self._sent.get(name, 0)):
+                self._acked.pop(name, None)
+                self._sent.pop(name, None)
 
     def _housekeeping(self, now: float) -> None:
         with self._lock:

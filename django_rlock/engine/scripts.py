@@ -24,8 +24,11 @@ end
 return redis.call('pttl', KEYS[1])
 """
 
-# KEYS[1] lock hash, KEYS[2] channel; ARGV[1] owner, ARGV[2] lease ms in force, ARGV[3] message.
+# KEYS[1] lock hash, KEYS[2] channel; ARGV[1] owner, ARGV[2] lease ms in force, ARGV[3] message,
+# ARGV[4] (optional) next owner (a waiter in the releasing process), ARGV[5] its lease ms,
+# ARGV[6] how many subscribers the releasing process itself accounts for.
 # Reply: nil = not owner; 0 = still held (count > 0, TTL reset to the lease in force);
+# -1 = handed to ARGV[4] (only when no other process waits: it never sees the lock free);
 # n >= 1 = released, and n - 1 subscribers (processes with waiters) got the message.
 RELEASE = """
 if redis.call('hexists', KEYS[1], ARGV[1]) == 0 then
@@ -34,6 +37,12 @@ end
 if redis.call('hincrby', KEYS[1], ARGV[1], -1) > 0 then
   redis.call('pexpire', KEYS[1], ARGV[2])
   return 0
+end
+if ARGV[4] and redis.call('pubsub', 'numsub', KEYS[2])[2] <= tonumber(ARGV[6]) then
+  redis.call('hdel', KEYS[1], ARGV[1])
+  redis.call('hset', KEYS[1], ARGV[4], 1)
+  redis.call('pexpire', KEYS[1], ARGV[5])
+  return -1
 end
 redis.call('del', KEYS[1])
 return 1 + redis.call('publish', KEYS[2], ARGV[3])

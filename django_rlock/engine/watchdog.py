@@ -17,7 +17,8 @@ import logging
 import threading
 import time
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from redis.exceptions import NoScriptError
 
@@ -34,7 +35,7 @@ _MAX_LOST = 10_000
 
 LostCallback = Callable[[str], Any]
 
-_server_ids: "weakref.WeakKeyDictionary[Any, tuple[Any, ...]]" = weakref.WeakKeyDictionary()
+_server_ids: weakref.WeakKeyDictionary[Any, tuple[Any, ...]] = weakref.WeakKeyDictionary()
 
 
 def server_id(client: Any) -> tuple[Any, ...]:
@@ -214,7 +215,7 @@ class Watchdog:
                 logger.warning("django-rlock: could not renew %d lock(s) (%s: %s); retrying at the "
                                "next tick", len(group), type(exc).__name__, exc)
                 continue
-            for h, ok in zip(group, results):
+            for h, ok in zip(group, results, strict=False):
                 if not ok:
                     self._mark_lost(h)
 

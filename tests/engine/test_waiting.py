@@ -27,7 +27,7 @@ def test_waiter_wakes_on_unlock_without_polling(r, holders):
     r.config_resetstat()
     result = waiter.submit(lambda: timed_lock(lock))
     time.sleep(2.0)
-    release_at = time.monotonic()
+    time.monotonic()
     holder.call(lock.unlock)
     ok, waited = result(20)
     assert ok and 1.9 < waited < 3.5
@@ -103,7 +103,7 @@ def test_many_waiters_share_one_pubsub_connection(r, holders):
     # Each winner releases so the next waiter of its key gets in.
     done = 0
     deadline = time.monotonic() + 20
-    pending = list(zip(waiters, results))
+    pending = list(zip(waiters, results, strict=False))
     while pending and time.monotonic() < deadline:
         for w, res in list(pending):
             try:
@@ -175,3 +175,49 @@ def test_waiters_in_one_process_take_turns(r):
     assert counter[0] == 8 * per_thread and not overlap
     # One attempt and one release per acquisition, plus few failed retries.
     assert script_calls(r) <= 3.5 * 8 * per_thread
+
+
+def test_hand_off_to_a_waiter_of_this_process_takes_one_round_trip(r, holders):
+    """The release script gives the lock to the queued thread: never free, no publish,
+    no acquire attempt by the waiter; and the new holder is renewed by our watchdog."""
+    lock = RLock(r, "handoff", watchdog_timeout=1.0)
+    holder, waiter = holders(), holders()
+    holder.call(lambda: lock.lock())
+    result = waiter.submit(lambda: timed_lock(lock))
+    time.sleep(0.5)  # the waiter is parked
+    spy = r.pubsub()
+    spy.subscribe("redisson_lock__channel:{handoff}")
+    assert spy.get_message(timeout=2)["type"] == "subscribe"
+    # The spy is a second subscriber, as another process's waiter would be: it is gone
+    # before the release, so the release sees only this process and hands off.
+    spy.unsubscribe()
+    spy.get_message(timeout=2)
+    r.config_resetstat()
+    holder.call(lock.unlock)
+    ok, _ = result(10)
+    assert ok and script_calls(r) == 1  # the release; the waiter sent nothing
+    assert r.info("commandstats").get("cmdstat_publish") is None
+    assert waiter.call(lock.hold_count) == 1
+    time.sleep(2.0)  # twice the watchdog timeout: the new holder is renewed
+    assert waiter.call(lock.is_held_by_current_thread)
+    waiter.call(lock.unlock)
+    assert not r.exists("handoff")
+    spy.close()
+
+
+def test_no_hand_off_while_another_process_waits(r, holders):
+    lock = RLock(r, "fair")
+    holder, waiter = holders(), holders()
+    holder.call(lambda: lock.lock())
+    result = waiter.submit(lambda: timed_lock(lock, wait_time=10))
+    time.sleep(0.5)
+    other = r.pubsub()  # another process's waiter
+    other.subscribe("redisson_lock__channel:{fair}")
+    assert other.get_message(timeout=2)["type"] == "subscribe"
+    holder.call(lock.unlock)
+    msg = other.get_message(timeout=2)
+    assert msg is not None and msg["type"] == "message"  # the lock was freed and announced
+    ok, _ = result(10)
+    assert ok
+    waiter.call(lock.unlock)
+    other.close()
