@@ -1,10 +1,26 @@
 """django-rlock: Redisson's distributed locks for Python, first-class in Django and Celery.
 
-Importing this package needs neither Django nor configured settings.
+Importing this package needs neither Django nor configured settings: the engine names are
+imported eagerly, the Django-facing ones (``get_lock``, ``locked``) on first use.
 """
 
-from .engine import LockBusy, LockError, LockNotOwnedError, RLock
+from typing import Any
+
+from .engine import AsyncRLock, LockBusy, LockError, LockNotOwnedError, RLock
 
 __version__ = "0.1.0"
 
-__all__ = ["LockBusy", "LockError", "LockNotOwnedError", "RLock", "__version__"]
+__all__ = ["AsyncRLock", "LockBusy", "LockError", "LockNotOwnedError", "RLock", "__version__",
+           "get_lock", "locked"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "get_lock":
+        from .connection import get_lock
+
+        return get_lock
+    if name == "locked":
+        from .decorators import locked
+
+        return locked
+    raise AttributeError(f"module 'django_rlock' has no attribute {name!r}")

@@ -30,6 +30,8 @@ YIELD_WINDOW = 0.005
 
 _yield_until: dict[tuple[Any, str], float] = {}
 
+HoldKey = tuple[Any, str, str]
+
 
 def check_seconds(value: Any, what: str, name: str, *, zero_ok: bool, inf_ok: bool = False) -> float:
     """Validate a time in seconds; raise before any Redis command is sent."""
@@ -52,7 +54,190 @@ def check_name(name: Any) -> str:
     return name
 
 
-class RLock:
+class LockBase:
+    """What the sync and asyncio locks share: validation, names, and the bookkeeping around
+    each round trip (the hold registry, the waiter queues, the hand-off). Subclasses do I/O."""
+
+    def __init__(self, client: Any, name: str, prefix: str, watchdog_timeout: float,
+                 on_lost: Callable[[str], Any] | None) -> None:
+        check_name(name)
+        if not isinstance(prefix, str):
+            raise TypeError(f"prefix must be a str, not {type(prefix).__name__} (lock {name!r})")
+        if not hasattr(client, "connection_pool"):
+            raise TypeError(f"client must be a redis-py client, not {type(client).__name__} "
+                            f"(lock {name!r})")
+        wt = check_seconds(watchdog_timeout, "watchdog_timeout", name, zero_ok=False)
+        if on_lost is not None and not callable(on_lost):
+            raise TypeError(f"on_lost must be callable (lock {name!r})")
+        self._client = client
+        self.name = name
+        self.prefix = prefix
+        self.key = prefix + name
+        self.watchdog_timeout = wt
+        self._watchdog_ms = max(1, math.ceil(wt * 1000))
+        self._channel = lock_channel(self.key).encode()
+        self._on_lost = on_lost
+        # The sync client that renewal and waiting (threads) use for this server.
+        self._sync_client: Any = client
+        self._server: Any = None
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r} key={self.key!r}>"
+
+    @property
+    def client(self) -> Any:
+        return self._client
+
+    def _lease_ms(self, lease_time: float | None) -> int | None:
+        if lease_time is None:
+            return None
+        lease = check_seconds(lease_time, "lease_time", self.name, zero_ok=False)
+        return max(1, math.ceil(lease * 1000))
+
+    def _wait_budget(self, wait_time: float) -> float | None:
+        wait = check_seconds(wait_time, "wait_time", self.name, zero_ok=True, inf_ok=True)
+        return None if math.isinf(wait) else wait
+
+    def _acquire_args(self, k: HoldKey, lease_ms: int | None) -> tuple[Any, ...]:
+        return (self._watchdog_ms if lease_ms is None else lease_ms, k[2])
+
+    def _acquired(self, k: HoldKey, lease_ms: int | None) -> None:
+        # Registered before the caller hears of it, so no unlock can run ahead of it.
+        renew = lease_ms is None
+        watchdog().acquired(k, self._sync_client, self.name,
+                            self._watchdog_ms if renew else lease_ms, renew,
+                            self.watchdog_timeout, self._on_lost)
+
+    def _grant_callback(self, k: HoldKey, lease_ms: int | None) -> Callable[[], None]:
+        return lambda: self._acquired(k, lease_ms)
+
+    def _park_first_until(self, k: HoldKey, wait: float | None) -> float:
+        """0.0 to attempt at once; else the time to park until before the first attempt.
+
+        Not for a reentry, and not for one-shot tries. Otherwise a thread does not barge
+        ahead of this process's queued waiters, nor straight back in after a release that
+        woke other processes.
+        """
+        if wait == 0 or watchdog().get(k) is not None:
+            return 0.0
+        until = 0.0
+        mgr = pubsub.existing_manager(self._sync_client)
+        if mgr is not None and mgr.busy(self._channel):
+            until = max(mgr.expires_hint(self._channel), time.monotonic() + 1e-3)
+        polite = _yield_until.get((self._server, self.key))
+        if polite is not None:
+            if polite > time.monotonic():
+                until = max(until, polite)
+            else:
+                _yield_until.pop((self._server, self.key), None)
+        return until
+
+    def _wait_timeout(self, ttl: int, deadline: float | None) -> float | None:
+        # Redis expires a key once its deadline has *passed*: PTTL 0 is still there.
+        timeout = (ttl + 1) / 1000.0 if ttl >= 0 else None
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            timeout = left if timeout is None else min(timeout, left)
+        return timeout
+
+    # -- release bookkeeping --------------------------------------------------------------
+    def _release_plan(self, k: HoldKey) -> _Release:
+        wd = watchdog()
+        hold = wd.get(k)
+        plan = _Release(k, hold, hold.lease_ms if hold is not None else self._watchdog_ms)
+        if hold is None or hold.count <= 1:  # the final release: maybe hand off, maybe publish
+            plan.mgr = pubsub.existing_manager(self._sync_client)
+            if plan.mgr is not None:
+                plan.heir = plan.mgr.reserve(self._channel)
+                plan.echo = plan.mgr.expect_echo(self._channel)
+        args: tuple[Any, ...] = (k[2], plan.lease_ms, UNLOCK_MESSAGE)
+        if plan.heir is not None:
+            args += (plan.heir.owner, plan.heir.lease_ms, 1)
+        plan.args = args
+        return plan
+
+    def _release_failed(self, plan: _Release) -> None:
+        watchdog().released(plan.k, plan.hold, fully=False)
+        self._settle(plan, None)
+
+    def _release_done(self, plan: _Release, r: Any) -> pubsub.Waiter | None:
+        """Book a release reply; returns a waiter to release on behalf of, if any."""
+        wd = watchdog()
+        if r is None:
+            wd.forget(plan.k)
+            wd.forget_lost(plan.k)
+            self._settle(plan, None)
+            raise LockNotOwnedError(
+                f"cannot unlock {self.name!r}: it is not held by this owner ({plan.k[2]}); it was "
+                f"never acquired, its lease expired, or it was lost or force-unlocked", self.name)
+        r = int(r)
+        wd.released(plan.k, plan.hold, fully=r != 0)
+        return self._settle(plan, r)
+
+    def _settle(self, plan: _Release, r: int | None) -> pubsub.Waiter | None:
+        """Tell the pub/sub side what the release did: hand-off, publish, or nothing."""
+        published = r is not None and r > 0
+        mgr, heir = plan.mgr, plan.heir
+        orphan = None
+        if mgr is not None:
+            if plan.echo and not published:
+                mgr.cancel_echo(self._channel)
+            if heir is not None:
+                granted = r == -1
+                if granted and heir.on_grant is not None and not heir.abandoned:
+                    heir.on_grant()
+                if not mgr.resolve(self._channel, heir, granted):
+                    orphan = heir  # it left before the hand-off settled: release for it
+        if published:
+            receivers = r - 1
+            if mgr is None:
+                mgr = pubsub.existing_manager(self._sync_client)
+            if mgr is not None:
+                if mgr.subscribed(self._channel):
+                    receivers -= 1  # our own subscription got the message too
+                mgr.wake(self._channel)
+            if receivers > 0:
+                _be_polite(self._server, self.key)
+        return orphan
+
+    def _forced(self, r: Any) -> bool:
+        watchdog().drop_key(self._server, self.key)
+        if r:
+            mgr = pubsub.existing_manager(self._sync_client)
+            if mgr is not None:
+                mgr.wake(self._channel)
+        return bool(r)
+
+    def is_lost(self) -> bool:
+        """True if the watchdog found this owner's hold gone (expired or force-unlocked)."""
+        return watchdog().is_lost((self._server, self.key, self._owner()))
+
+    def _owner(self) -> str:
+        raise NotImplementedError
+
+
+class _Release:
+    __slots__ = ("k", "hold", "lease_ms", "mgr", "heir", "echo", "args")
+
+    def __init__(self, k: HoldKey, hold: Any, lease_ms: int) -> None:
+        self.k = k
+        self.hold = hold
+        self.lease_ms = lease_ms
+        self.mgr: pubsub.PubSubManager | None = None
+        self.heir: pubsub.Waiter | None = None
+        self.echo = False
+        self.args: tuple[Any, ...] = ()
+
+
+def _be_polite(server: Any, key: str) -> None:
+    if len(_yield_until) > 1024:
+        now = time.monotonic()
+        for stale in [k for k, t in _yield_until.items() if t <= now]:
+            del _yield_until[stale]
+    _yield_until[(server, key)] = time.monotonic() + YIELD_WINDOW
+
+
+class RLock(LockBase):
     """A reentrant, Redisson-compatible distributed lock.
 
     The owner is ``<process uuid>:<thread id>``: reentrant per thread, exclusive across
@@ -65,31 +250,11 @@ class RLock:
 
     def __init__(self, client: Any, name: str, prefix: str = "", watchdog_timeout: float = 30.0,
                  *, on_lost: Callable[[str], Any] | None = None) -> None:
-        check_name(name)
-        if not isinstance(prefix, str):
-            raise TypeError(f"prefix must be a str, not {type(prefix).__name__} (lock {name!r})")
-        if not hasattr(client, "connection_pool"):
-            raise TypeError(f"client must be a redis-py Redis client, not {type(client).__name__} "
-                            f"(lock {name!r})")
-        wt = check_seconds(watchdog_timeout, "watchdog_timeout", name, zero_ok=False)
-        if on_lost is not None and not callable(on_lost):
-            raise TypeError(f"on_lost must be callable (lock {name!r})")
-        self._client = client
-        self.name = name
-        self.prefix = prefix
-        self.key = prefix + name
-        self.watchdog_timeout = wt
-        self._watchdog_ms = max(1, math.ceil(wt * 1000))
-        self._channel = lock_channel(self.key).encode()
+        super().__init__(client, name, prefix, watchdog_timeout, on_lost)
         self._server = server_id(client)
-        self._on_lost = on_lost
 
-    def __repr__(self) -> str:
-        return f"<RLock {self.name!r} key={self.key!r}>"
-
-    @property
-    def client(self) -> Any:
-        return self._client
+    def _owner(self) -> str:
+        return identity.thread_owner()
 
     # -- acquiring ------------------------------------------------------------------------
     def lock(self, lease_time: float | None = None) -> None:
@@ -98,9 +263,8 @@ class RLock:
 
     def try_lock(self, wait_time: float = 0.0, lease_time: float | None = None) -> bool:
         """Try for up to ``wait_time`` seconds (0: exactly one attempt)."""
-        wait = check_seconds(wait_time, "wait_time", self.name, zero_ok=True, inf_ok=True)
-        lease = self._lease_ms(lease_time)
-        return self._acquire(None if math.isinf(wait) else wait, lease)
+        wait = self._wait_budget(wait_time)
+        return self._acquire(wait, self._lease_ms(lease_time))
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
         """``threading.RLock.acquire`` semantics (watchdog mode)."""
@@ -112,61 +276,32 @@ class RLock:
             return self._acquire(None, None)
         return self._acquire(check_seconds(timeout, "timeout", self.name, zero_ok=True), None)
 
-    def _lease_ms(self, lease_time: float | None) -> int | None:
-        if lease_time is None:
-            return None
-        lease = check_seconds(lease_time, "lease_time", self.name, zero_ok=False)
-        return max(1, math.ceil(lease * 1000))
-
-    def _attempt(self, k: tuple[Any, str, str], lease_ms: int | None) -> int | None:
+    def _attempt(self, k: HoldKey, lease_ms: int | None) -> int | None:
         """One acquire round trip: None when acquired, else the holder's PTTL in ms."""
-        renew = lease_ms is None
-        ms = self._watchdog_ms if renew else lease_ms
-        ttl = call_once(self._client, ACQUIRE_SCRIPT, (self.key,), (ms, k[2]))
+        ttl = call_once(self._client, ACQUIRE_SCRIPT, (self.key,), self._acquire_args(k, lease_ms))
         if ttl is None:
-            # Registered before the caller hears of it, so no unlock can run ahead of it.
-            watchdog().acquired(k, self._client, self.name, ms, renew, self.watchdog_timeout,
-                                self._on_lost)
+            self._acquired(k, lease_ms)
             return None
         return int(ttl)
 
     def _acquire(self, wait: float | None, lease_ms: int | None) -> bool:
         k = (self._server, self.key, identity.thread_owner())
-        skip_first = 0.0
-        if wait != 0 and watchdog().get(k) is None:
-            # Not a reentry: do not barge ahead of this process's queued waiters, nor
-            # straight back in after a release that woke other processes.
-            mgr = pubsub.existing_manager(self._client)
-            if mgr is not None and mgr.busy(self._channel):
-                skip_first = max(mgr.expires_hint(self._channel), time.monotonic() + 1e-3)
-            polite = _yield_until.get((self._server, self.key))
-            if polite is not None:
-                if polite > time.monotonic():
-                    skip_first = max(skip_first, polite)
-                else:
-                    _yield_until.pop((self._server, self.key), None)
-        if not skip_first:
-            ttl = self._attempt(k, lease_ms)
-            if ttl is None:
+        park_until = self._park_first_until(k, wait)
+        if not park_until:
+            if self._attempt(k, lease_ms) is None:
                 return True
             if wait == 0:
                 return False
-        return self._wait(k, lease_ms, wait, skip_first)
+        return self._wait(k, lease_ms, wait, park_until)
 
-    def _wait(self, k: tuple[Any, str, str], lease_ms: int | None, wait: float | None,
+    def _wait(self, k: HoldKey, lease_ms: int | None, wait: float | None,
               park_until: float) -> bool:
-        start = time.monotonic()
-        deadline = None if wait is None else start + wait
-        sub_timeout = SUBSCRIBE_TIMEOUT if deadline is None else min(SUBSCRIBE_TIMEOUT, wait or 0.0)
-        renew = lease_ms is None
-        ms = self._watchdog_ms if renew else lease_ms
-
-        def on_grant() -> None:  # runs on the releasing thread, before we are woken
-            watchdog().acquired(k, self._client, self.name, ms, renew, self.watchdog_timeout,
-                                self._on_lost)
-
+        deadline = None if wait is None else time.monotonic() + wait
+        sub_timeout = SUBSCRIBE_TIMEOUT if wait is None else min(SUBSCRIBE_TIMEOUT, wait)
         mgr = pubsub.manager(self._client)
-        with mgr.waiting(self._channel, sub_timeout, k[2], ms, on_grant) as slot:
+        ms = self._watchdog_ms if lease_ms is None else lease_ms
+        with mgr.waiting(self._channel, sub_timeout, k[2], ms,
+                         self._grant_callback(k, lease_ms)) as slot:
             try:
                 if park_until:
                     end = park_until if deadline is None else min(park_until, deadline)
@@ -179,14 +314,9 @@ class RLock:
                         return True
                     if again:
                         continue
-                    now = time.monotonic()
-                    if deadline is not None and now >= deadline:
+                    if deadline is not None and time.monotonic() >= deadline:
                         return False
-                    # Redis expires a key once its deadline has *passed*: PTTL 0 is still there.
-                    timeout = (ttl + 1) / 1000.0 if ttl >= 0 else None
-                    if deadline is not None:
-                        timeout = deadline - now if timeout is None else min(timeout, deadline - now)
-                    if slot.park(timeout):
+                    if slot.park(self._wait_timeout(ttl, deadline)):
                         return True
             except BaseException:
                 if slot.granted:  # handed the lock, but we are unwinding: give it back
@@ -198,90 +328,30 @@ class RLock:
 
     # -- releasing ------------------------------------------------------------------------
     def unlock(self) -> None:
-        """Release one hold of the calling owner; the last one deletes the key and publishes.
+        """Release one hold of the calling owner; the last one deletes the key and publishes
+        (or hands the lock to a thread of this process that waits for it).
 
         Raises LockNotOwnedError if the caller holds nothing (never acquired, expired, lost,
         force-unlocked). A Redis error propagates unchanged and is not retried; renewal of
         the hold stops once its local count reaches zero, so an in-doubt lock expires by itself.
         """
-        k = (self._server, self.key, identity.thread_owner())
-        wd = watchdog()
-        hold = wd.get(k)
-        lease_ms = hold.lease_ms if hold is not None else self._watchdog_ms
-        final = hold is None or hold.count <= 1
-        mgr = pubsub.existing_manager(self._client) if final else None
-        heir = mgr.reserve(self._channel) if mgr is not None else None
-        echo = mgr.expect_echo(self._channel) if mgr is not None else False
+        plan = self._release_plan((self._server, self.key, identity.thread_owner()))
         try:
-            r = self._release(k[2], lease_ms, heir)
+            r = call_once(self._client, RELEASE_SCRIPT, (self.key, self._channel), plan.args)
         except BaseException:
-            wd.released(k, hold, fully=False)
-            if mgr is not None:
-                self._settle(mgr, heir, echo, False)
+            self._release_failed(plan)
             raise
-        if r is None:
-            wd.forget(k)
-            wd.forget_lost(k)
-            if mgr is not None:
-                self._settle(mgr, heir, echo, False)
-            raise LockNotOwnedError(
-                f"cannot unlock {self.name!r}: it is not held by this owner ({k[2]}); it was never "
-                f"acquired, its lease expired, or it was lost or force-unlocked", self.name)
-        wd.released(k, hold, fully=r != 0)
-        if mgr is not None:
-            self._settle(mgr, heir, echo, r)
-        elif r > 0:
-            self._after_delete(r - 1, None)
+        orphan = self._release_done(plan, r)
+        if orphan is not None:
+            call_once(self._client, RELEASE_SCRIPT, (self.key, self._channel),
+                      (orphan.owner, orphan.lease_ms, UNLOCK_MESSAGE))
 
     release = unlock
 
-    def _release(self, owner: str, lease_ms: int, heir: pubsub.Waiter | None) -> int | None:
-        args: tuple[Any, ...] = (owner, lease_ms, UNLOCK_MESSAGE)
-        if heir is not None:
-            args += (heir.owner, heir.lease_ms, 1)
-        r = call_once(self._client, RELEASE_SCRIPT, (self.key, self._channel), args)
-        return None if r is None else int(r)
-
-    def _settle(self, mgr: pubsub.PubSubManager, heir: pubsub.Waiter | None, echo: bool,
-                r: int | None | bool) -> None:
-        """Tell the pub/sub side what the release did: hand-off, publish, or nothing."""
-        published = isinstance(r, int) and not isinstance(r, bool) and r > 0
-        if echo and not published:
-            mgr.cancel_echo(self._channel)
-        if heir is not None:
-            granted = r == -1
-            if granted and heir.on_grant is not None and not heir.abandoned:
-                heir.on_grant()
-            if not mgr.resolve(self._channel, heir, granted):
-                # The waiter left before the hand-off settled: release on its behalf.
-                call_once(self._client, RELEASE_SCRIPT, (self.key, self._channel),
-                          (heir.owner, heir.lease_ms, UNLOCK_MESSAGE))
-        if published:
-            self._after_delete(int(r) - 1, mgr)
-
-    def _after_delete(self, receivers: int, mgr: pubsub.PubSubManager | None) -> None:
-        if mgr is None:
-            mgr = pubsub.existing_manager(self._client)
-        if mgr is not None:
-            if mgr.subscribed(self._channel):
-                receivers -= 1  # our own subscription got the message too
-            mgr.wake(self._channel)
-        if receivers > 0:
-            if len(_yield_until) > 1024:
-                now = time.monotonic()
-                for key in [key for key, t in _yield_until.items() if t <= now]:
-                    del _yield_until[key]
-            _yield_until[(self._server, self.key)] = time.monotonic() + YIELD_WINDOW
-
     def force_unlock(self) -> bool:
         """Delete the lock whoever holds it and wake its waiters. True if a lock was deleted."""
-        r = call_once(self._client, FORCE_UNLOCK_SCRIPT, (self.key, self._channel), (UNLOCK_MESSAGE,))
-        watchdog().drop_key(self._server, self.key)
-        if r:
-            mgr = pubsub.existing_manager(self._client)
-            if mgr is not None:
-                mgr.wake(self._channel)
-        return bool(r)
+        return self._forced(call_once(self._client, FORCE_UNLOCK_SCRIPT, (self.key, self._channel),
+                                      (UNLOCK_MESSAGE,)))
 
     # -- inspecting -----------------------------------------------------------------------
     def is_locked(self) -> bool:
@@ -295,16 +365,7 @@ class RLock:
 
     def remaining_ttl(self) -> float | None:
         """Seconds left on the lease; None when not locked, ``inf`` for a key without expiry."""
-        ms = int(self._client.pttl(self.key))
-        if ms == -2:
-            return None
-        if ms == -1:
-            return float("inf")
-        return ms / 1000.0
-
-    def is_lost(self) -> bool:
-        """True if the watchdog found this thread's hold gone (expired or force-unlocked)."""
-        return watchdog().is_lost((self._server, self.key, identity.thread_owner()))
+        return ttl_seconds(self._client.pttl(self.key))
 
     # -- context manager ------------------------------------------------------------------
     def __enter__(self) -> RLock:
@@ -319,6 +380,18 @@ class RLock:
         try:
             self.unlock()
         except Exception as err:
-            # Never let a failed release mask the block's own exception (redis-py #623).
-            logger.warning("django-rlock: releasing %r after %s failed: %s", self.name,
-                           exc_type.__name__, err)
+            log_masked_release(self.name, exc_type, err)
+
+
+def ttl_seconds(pttl: Any) -> float | None:
+    ms = int(pttl)
+    if ms == -2:
+        return None
+    if ms == -1:
+        return float("inf")
+    return ms / 1000.0
+
+
+def log_masked_release(name: str, exc_type: type[BaseException], err: Exception) -> None:
+    # Never let a failed release mask the block's own exception (redis-py #623).
+    logger.warning("django-rlock: releasing %r after %s failed: %s", name, exc_type.__name__, err)

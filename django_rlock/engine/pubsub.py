@@ -15,6 +15,7 @@ pay SUBSCRIBE/UNSUBSCRIBE round trips on every wait.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import logging
 import threading
@@ -36,20 +37,25 @@ _PING_AFTER = 30.0
 
 
 class Waiter:
-    """One waiting thread.
+    """One waiting thread, or one waiting asyncio task (``loop`` given).
 
     ``signaled``: woken, its retry not yet done. ``reserved``: chosen by a releasing thread
     of this process for a direct hand-off whose outcome is not known yet. ``granted``: the
     hand-off happened; this waiter owns the lock without sending anything.
     """
 
-    __slots__ = ("_park", "signaled", "reserved", "granted", "abandoned", "owner", "lease_ms",
-                 "on_grant")
+    __slots__ = ("_park", "_loop", "_event", "signaled", "reserved", "granted", "abandoned",
+                 "owner", "lease_ms", "on_grant")
 
     def __init__(self, owner: str = "", lease_ms: int = 0,
-                 on_grant: Callable[[], None] | None = None) -> None:
-        self._park = threading.Lock()
-        self._park.acquire()
+                 on_grant: Callable[[], None] | None = None,
+                 loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self._loop = loop
+        if loop is None:
+            self._park = threading.Lock()
+            self._park.acquire()
+        else:
+            self._event = asyncio.Event()
         self.signaled = False
         self.reserved = False
         self.granted = False
@@ -66,7 +72,22 @@ class Waiter:
         else:
             self._park.acquire(blocking=False)
 
+    async def apark(self, timeout: float | None) -> None:
+        if timeout is None or timeout > 0:
+            try:
+                await asyncio.wait_for(self._event.wait(), timeout)
+            except TimeoutError:
+                pass
+        # No await between the wake and this clear: a wake cannot slip in and be lost.
+        self._event.clear()
+
     def _unpark(self) -> None:
+        if self._loop is not None:
+            try:
+                self._loop.call_soon_threadsafe(self._event.set)
+            except RuntimeError:  # its loop is closed: the waiter is gone
+                pass
+            return
         try:
             self._park.release()
         except RuntimeError:  # already released: a wake is pending anyway
@@ -131,9 +152,24 @@ class Slot:
                     return w.granted
             w.park(None)  # a hand-off to us is in flight: its outcome comes within one round trip
 
+    async def apark(self, timeout: float | None) -> bool:
+        """``park`` for an asyncio waiter."""
+        w = self._waiter
+        await w.apark(timeout)
+        while True:
+            with self._mgr._lock:
+                if not w.reserved:
+                    return w.granted
+            await w.apark(None)
+
     @property
     def granted(self) -> bool:
         return self._waiter.granted
+
+    @property
+    def confirmed(self) -> threading.Event:
+        """Set once the channel's subscription is confirmed by Redis."""
+        return self.channel.confirmed
 
     def attempted(self, acquired: bool, ttl_ms: int | None = None) -> bool:
         """Record the outcome of a retry. True means: retry again now, do not park."""
@@ -162,7 +198,7 @@ class Slot:
                     pass
             return False
 
-    def _leave(self) -> None:
+    def leave(self) -> None:
         ch, w = self.channel, self._waiter
         with self._mgr._lock:
             if w.reserved:
@@ -273,15 +309,15 @@ class PubSubManager:
         ch = self._channels.get(channel)
         return ch.expires_hint if ch is not None else 0.0
 
-    @contextmanager
-    def waiting(self, channel: bytes, subscribe_timeout: float | None, owner: str = "",
-                lease_ms: int = 0, on_grant: Callable[[], None] | None = None) -> Iterator[Slot]:
-        """Join the channel's queue (subscribing if needed) for the body of the block.
+    def enter(self, channel: bytes, owner: str = "", lease_ms: int = 0,
+              on_grant: Callable[[], None] | None = None,
+              loop: asyncio.AbstractEventLoop | None = None) -> Slot:
+        """Join the channel's queue, subscribing if needed. Pair with ``Slot.leave()``.
 
         ``owner``, ``lease_ms`` and ``on_grant`` let a releasing thread of this process hand
         the lock straight to this waiter (see ``reserve``).
         """
-        w = Waiter(owner, lease_ms, on_grant)
+        w = Waiter(owner, lease_ms, on_grant, loop)
         with self._lock:
             ch = self._channels.get(channel)
             if ch is None:
@@ -294,15 +330,21 @@ class PubSubManager:
                 self._thread = threading.Thread(target=self._run, name="django-rlock-pubsub",
                                                 daemon=True)
                 self._thread.start()
-        slot = Slot(self, ch, w)
+        return Slot(self, ch, w)
+
+    @contextmanager
+    def waiting(self, channel: bytes, subscribe_timeout: float | None, owner: str = "",
+                lease_ms: int = 0, on_grant: Callable[[], None] | None = None) -> Iterator[Slot]:
+        """``enter`` for a thread, waiting for the subscription before the body runs."""
+        slot = self.enter(channel, owner, lease_ms, on_grant)
         try:
-            if not ch.confirmed.is_set():
+            if not slot.confirmed.is_set():
                 # If the subscription cannot be confirmed in time the waits below are still
                 # bounded by the holder's PTTL; we only lose the early wake-up.
-                ch.confirmed.wait(subscribe_timeout)
+                slot.confirmed.wait(subscribe_timeout)
             yield slot
         finally:
-            slot._leave()
+            slot.leave()
 
     # -- the connection ---------------------------------------------------------------
     def _subscribe_locked(self, ch: Channel) -> None:

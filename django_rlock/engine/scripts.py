@@ -132,3 +132,36 @@ def call(client: Any, script: Script, keys: tuple[Any, ...], args: tuple[Any, ..
         return client.evalsha(script.sha, len(keys), *keys, *args)
     except NoScriptError:
         return client.eval(script.source, len(keys), *keys, *args)
+
+
+async def _asend_once(conn: Any, args: tuple[Any, ...]) -> Any:
+    try:
+        await conn.send_command(*args)
+        return await conn.read_response()
+    except ResponseError:
+        raise
+    except BaseException:
+        # Includes CancelledError mid-reply: the connection is out of step (redis-py #3847).
+        await conn.disconnect()
+        raise
+
+
+async def _acall_on(conn: Any, script: Script, keys: tuple[Any, ...], args: tuple[Any, ...]) -> Any:
+    try:
+        return await _asend_once(conn, ("EVALSHA", script.sha, len(keys), *keys, *args))
+    except NoScriptError:
+        return await _asend_once(conn, ("EVAL", script.source, len(keys), *keys, *args))
+
+
+async def acall_once(client: Any, script: Script, keys: tuple[Any, ...], args: tuple[Any, ...]) -> Any:
+    """``call_once`` for a ``redis.asyncio`` client."""
+    conn = getattr(client, "connection", None)
+    if conn is not None:  # single_connection_client=True
+        async with client._single_conn_lock:
+            return await _acall_on(conn, script, keys, args)
+    pool = client.connection_pool
+    conn = await pool.get_connection()
+    try:
+        return await _acall_on(conn, script, keys, args)
+    finally:
+        await pool.release(conn)

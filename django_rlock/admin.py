@@ -1,0 +1,178 @@
+"""Admin pages for the locks in Redis, on an unmanaged model (no table), as django-rq does.
+
+The standard changelist and actions need a queryset, so the model admin serves its own views
+(through ``admin_site.admin_view``: staff login, CSRF, never_cache) and reads Redis live.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+from urllib.parse import urlencode
+
+from django.contrib import admin, messages
+from django.contrib.admin.models import DELETION, LogEntry
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from redis.exceptions import RedisError
+
+from .conf import get_config
+from .inspect import LockInfo, LockInspector, glob_escape
+from .models import Lock
+
+logger = logging.getLogger("django_rlock")
+
+
+def format_ttl(ttl: float) -> str:
+    return "no expiry" if ttl == float("inf") else f"{ttl:.1f} s"
+
+
+@admin.register(Lock)
+class LockAdmin(admin.ModelAdmin):
+    """Live locks: list with search and pages, raw hash per lock, force-unlock with confirmation."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_force_unlock_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(f"{self.opts.app_label}.force_unlock")
+
+    def get_urls(self) -> list[URLPattern]:
+        # <path:name> takes any lock name ("orders/42", "a:b"); the fixed suffixes keep the
+        # patterns apart whatever the name contains.
+        wrap = self.admin_site.admin_view
+        prefix = f"{self.opts.app_label}_{self.opts.model_name}"
+        return [
+            path("", wrap(self.changelist_view), name=f"{prefix}_changelist"),
+            path("<path:name>/force-unlock/", wrap(self.force_unlock_view), name=f"{prefix}_force_unlock"),
+            path("<path:name>/show/", wrap(self.detail_view), name=f"{prefix}_detail"),
+        ]
+
+    # -- views ----------------------------------------------------------------------------
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+                        ) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        query = request.GET.get("q", "").strip()
+        per_page = get_config()["ADMIN_PAGE_SIZE"]
+        inspector = LockInspector()
+        try:
+            # SCAN + shape check for the names (cheap), then HGETALL + PTTL for one page only.
+            names = inspector.names(f"*{glob_escape(query)}*" if query else "*")
+            paginator = Paginator(names, per_page)
+            page = paginator.get_page(request.GET.get("p"))
+            rows = [self._row(request, info) for info in inspector.fetch(page.object_list)]
+        except RedisError as exc:
+            messages.error(request, f"Could not read the locks from Redis: {exc}")
+            paginator = Paginator([], per_page)
+            page = paginator.get_page(1)
+            rows = []
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": "Locks",
+            "subtitle": None,
+            "rows": rows,
+            "query": query,
+            "page_obj": page,
+            "paginator": paginator,
+            "page_links": self._page_links(paginator, page.number, query),
+            "prefix": inspector.prefix,
+            "cache_alias": inspector.alias,
+            "has_force_unlock_permission": self.has_force_unlock_permission(request),
+            **(extra_context or {}),
+        }
+        return TemplateResponse(request, self._templates("change_list"), context)
+
+    def detail_view(self, request: HttpRequest, name: str) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        inspector = LockInspector()
+        info = inspector.show(name)
+        if info is None:
+            raise Http404(f"No lock {name!r} is held.")
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": f"Lock {name}",
+            "subtitle": None,
+            "lock": self._row(request, info),
+            "prefix": inspector.prefix,
+            "cache_alias": inspector.alias,
+            "has_force_unlock_permission": self.has_force_unlock_permission(request),
+        }
+        return TemplateResponse(request, self._templates("detail"), context)
+
+    def force_unlock_view(self, request: HttpRequest, name: str) -> HttpResponse:
+        """GET: a confirmation page, nothing changes. POST (with CSRF token): force-unlock."""
+        if request.method not in ("GET", "HEAD", "POST"):
+            return HttpResponseNotAllowed(["GET", "POST"])
+        if not self.has_force_unlock_permission(request):
+            raise PermissionDenied
+        changelist = reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_changelist",
+                             current_app=self.admin_site.name)
+        inspector = LockInspector()
+        if request.method == "POST":
+            if inspector.clear([name]):
+                logger.warning("django-rlock: %r force-unlocked by admin user %r", name,
+                               request.user.get_username())
+                LogEntry.objects.log_actions(request.user.pk, [Lock(name=name)], DELETION,
+                                             change_message="Force-unlocked", single_object=True)
+                messages.success(request, f"Force-unlocked {name!r}.")
+            else:
+                messages.warning(request, f"{name!r} was not locked any more; nothing to do.")
+            return HttpResponseRedirect(changelist)
+        info = inspector.show(name)
+        if info is None:
+            messages.warning(request, f"{name!r} is not locked any more.")
+            return HttpResponseRedirect(changelist)
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": "Are you sure?",
+            "subtitle": None,
+            "lock": self._row(request, info),
+            "changelist_url": changelist,
+        }
+        return TemplateResponse(request, self._templates("force_unlock_confirmation"), context)
+
+    # -- helpers --------------------------------------------------------------------------
+    def _templates(self, page: str) -> list[str]:
+        return [f"admin/{self.opts.app_label}/{self.opts.model_name}/{page}.html"]
+
+    @staticmethod
+    def _page_links(paginator: Paginator, current: int, query: str) -> list[dict[str, Any]]:
+        """Numbered links (elided like the admin's: 1 2 … 9 10 11 … 24 25) keeping the search."""
+        if paginator.num_pages <= 1:
+            return []
+        links = []
+        for number in paginator.get_elided_page_range(current, on_each_side=2, on_ends=2):
+            if not isinstance(number, int):
+                links.append({"ellipsis": True, "label": str(number)})
+                continue
+            params = {"q": query, "p": number} if query else {"p": number}
+            links.append({"number": number, "current": number == current,
+                          "url": "?" + urlencode(params)})
+        return links
+
+    def _row(self, request: HttpRequest, info: LockInfo) -> dict[str, Any]:
+        prefix = f"admin:{self.opts.app_label}_{self.opts.model_name}"
+        return {
+            "name": info.name,
+            "key": info.key,
+            "holders": info.holders,
+            "fields": sorted(info.fields.items()),
+            "ttl": format_ttl(info.ttl),
+            "detail_url": reverse(f"{prefix}_detail", args=[info.name], current_app=self.admin_site.name),
+            "force_unlock_url": reverse(f"{prefix}_force_unlock", args=[info.name],
+                                        current_app=self.admin_site.name),
+        }

@@ -1,0 +1,81 @@
+"""System checks: a wrong RLOCK or cache setting fails at startup, not at the first lock."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core.checks import CheckMessage, Error, Warning
+from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import import_string
+
+from .conf import DEFAULTS, get_config, user_settings, validate
+
+REDIS_BACKENDS = ("django_redis.cache.RedisCache", "django.core.cache.backends.redis.RedisCache")
+
+
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """The RLOCK dict and the cache it names. Imports backend classes; never connects."""
+    try:
+        user = user_settings()
+    except ImproperlyConfigured as exc:
+        return [Error(str(exc), id="django_rlock.E003")]
+    messages: list[CheckMessage] = []
+    unknown = sorted(str(k) for k in user if k not in DEFAULTS)
+    if unknown:
+        messages.append(Warning(
+            f"Unknown key(s) in settings.RLOCK: {', '.join(unknown)}",
+            hint=f"Valid keys: {', '.join(DEFAULTS)}. A misspelt key is silently ignored.",
+            id="django_rlock.W002"))
+    config = get_config()
+    messages.extend(Error(p, id="django_rlock.E003") for p in validate(config))
+    alias = config["CACHE"]
+    if isinstance(alias, str):
+        messages.extend(check_cache(alias))
+    return messages
+
+
+def check_cache(alias: str) -> list[CheckMessage]:
+    if alias not in settings.CACHES:
+        return [Error(
+            f"RLOCK['CACHE'] is {alias!r}, which is not an alias in settings.CACHES",
+            hint=f"Use one of: {', '.join(sorted(settings.CACHES))}.",
+            id="django_rlock.E001")]
+    params = settings.CACHES[alias]
+    backend = params.get("BACKEND", "")
+    try:
+        cls = import_string(backend)
+    except ImportError:
+        cls = None
+    if not _is_redis(cls):
+        return [Error(
+            f"The cache {alias!r} used by django-rlock has BACKEND {backend!r}, which is not Redis",
+            hint="Use django_redis.cache.RedisCache or django.core.cache.backends.redis.RedisCache, "
+                 "or point RLOCK['CACHE'] at a cache that does.",
+            id="django_rlock.E002")]
+    messages: list[CheckMessage] = []
+    client_class = (params.get("OPTIONS") or {}).get("CLIENT_CLASS", "")
+    if isinstance(client_class, str) and client_class.endswith("ShardClient"):
+        messages.append(Error(
+            f"The cache {alias!r} used by django-rlock uses django-redis's ShardClient",
+            hint="A lock lives on one Redis server: use DefaultClient or SentinelClient.",
+            id="django_rlock.E004"))
+    if params.get("KEY_FUNCTION"):
+        messages.append(Warning(
+            f"The cache {alias!r} has a KEY_FUNCTION, which django-rlock ignores",
+            hint="Lock keys are '<KEY_PREFIX>:rlock:<name>' (or RLOCK['PREFIX'] + name) so that "
+                 "they can be listed with SCAN and shared with Redisson; the cache VERSION is "
+                 "ignored too. Set RLOCK['PREFIX'] to choose the prefix.",
+            id="django_rlock.W001"))
+    return messages
+
+
+def _is_redis(cls: Any) -> bool:
+    for path in REDIS_BACKENDS:
+        try:
+            base = import_string(path)
+        except ImportError:  # django-redis is optional
+            continue
+        if isinstance(cls, type) and issubclass(cls, base):
+            return True
+    return False

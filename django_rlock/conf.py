@@ -1,0 +1,86 @@
+"""The ``RLOCK`` setting: defaults and the one cached accessor.
+
+Read lazily (never at import) and cached; the cache is dropped on ``setting_changed`` so
+``override_settings(RLOCK=...)`` and ``override_settings(CACHES=...)`` take effect at once.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import Any, TypedDict
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+
+class Config(TypedDict):
+    CACHE: str
+    PREFIX: str | None
+    WATCHDOG_TIMEOUT: float
+    BUSY_STATUS: int
+    ADMIN_PAGE_SIZE: int
+
+
+DEFAULTS: Config = {
+    # Alias in CACHES whose Redis connection the locks use.
+    "CACHE": "default",
+    # Key prefix of lock hashes; None: "<KEY_PREFIX>:rlock:" (or "rlock:" without KEY_PREFIX).
+    "PREFIX": None,
+    # Lease of a lock held without lease_time, renewed every third of it while held.
+    "WATCHDOG_TIMEOUT": 30.0,
+    # HTTP status of a view whose lock is busy.
+    "BUSY_STATUS": 423,
+    # Rows per page in the admin's lock list.
+    "ADMIN_PAGE_SIZE": 100,
+}
+
+
+def user_settings() -> Mapping[str, Any]:
+    """The project's ``RLOCK`` dict as written (empty when unset)."""
+    value = getattr(settings, "RLOCK", None)
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ImproperlyConfigured(f"settings.RLOCK must be a dict, not {type(value).__name__}")
+    return value
+
+
+@functools.cache
+def get_config() -> Config:
+    """``DEFAULTS`` overlaid with the known keys of ``settings.RLOCK``.
+
+    Unknown keys are ignored here and reported by the ``django_rlock.W002`` check.
+    """
+    merged = dict(DEFAULTS)
+    merged.update((k, v) for k, v in user_settings().items() if k in DEFAULTS)
+    return merged  # type: ignore[return-value]
+
+
+def validate(config: Mapping[str, Any]) -> list[str]:
+    """Problems with the values of a merged config, one message each (used by the checks)."""
+    problems = []
+    cache = config["CACHE"]
+    if not isinstance(cache, str) or not cache:
+        problems.append(f"RLOCK['CACHE'] must be a cache alias (a non-empty str), got {cache!r}")
+    prefix = config["PREFIX"]
+    if prefix is not None and not isinstance(prefix, str):
+        problems.append(f"RLOCK['PREFIX'] must be a str or None, got {prefix!r}")
+    wt = config["WATCHDOG_TIMEOUT"]
+    if isinstance(wt, bool) or not isinstance(wt, (int, float)) or not 0 < wt < float("inf"):
+        problems.append(f"RLOCK['WATCHDOG_TIMEOUT'] must be a number of seconds > 0, got {wt!r}")
+    status = config["BUSY_STATUS"]
+    if isinstance(status, bool) or not isinstance(status, int) or not 100 <= status <= 599:
+        problems.append(f"RLOCK['BUSY_STATUS'] must be an HTTP status code (int), got {status!r}")
+    size = config["ADMIN_PAGE_SIZE"]
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        problems.append(f"RLOCK['ADMIN_PAGE_SIZE'] must be an int >= 1, got {size!r}")
+    return problems
+
+
+@receiver(setting_changed)
+def _reset(*, setting: str, **kwargs: Any) -> None:
+    if setting in ("RLOCK", "CACHES"):
+        get_config.cache_clear()

@@ -1,0 +1,94 @@
+"""Locks on the Redis connection of a Django cache alias.
+
+Everything here is resolved on each call, never at import, in ``ready()`` or in a module
+global: ``override_settings(CACHES=...)`` rebuilds the cache handlers, and a stale client would
+point at the old server.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+from django.core.cache import caches
+from django.core.cache.backends.redis import RedisCache as BuiltinRedisCache
+from django.core.exceptions import ImproperlyConfigured
+
+from .conf import get_config
+from .engine import RLock
+
+if TYPE_CHECKING:
+    import redis
+
+
+def cache_alias(cache: str | None = None) -> str:
+    """``cache``, or ``RLOCK['CACHE']``; ImproperlyConfigured if CACHES has no such alias."""
+    alias = cache if cache is not None else get_config()["CACHE"]
+    if alias not in settings.CACHES:
+        raise ImproperlyConfigured(
+            f"django-rlock: the cache alias {alias!r} is not in settings.CACHES "
+            f"(set RLOCK['CACHE'] to one of {sorted(settings.CACHES)})")
+    return alias
+
+
+def _django_redis_cache() -> type | None:
+    try:
+        from django_redis.cache import RedisCache
+    except ImportError:
+        return None
+    return RedisCache
+
+
+def _backend_path(backend: Any) -> str:
+    cls = type(backend)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def get_client(cache: str | None = None) -> redis.Redis:
+    """The redis-py client of a cache alias (default: ``RLOCK['CACHE']``): its write side.
+
+    django-redis: the very client (and connection pool) the cache uses, the master when it
+    runs on Sentinel. Django's RedisCache: a client on its write (first) server's pool.
+    A lock must always be taken on the primary, so a replica is never returned.
+    """
+    alias = cache_alias(cache)
+    backend = caches[alias]
+    dj_redis = _django_redis_cache()
+    if dj_redis is not None and isinstance(backend, dj_redis):
+        from django_redis import get_redis_connection
+        from django_redis.client import ShardClient
+
+        if isinstance(backend.client, ShardClient):
+            raise ImproperlyConfigured(
+                f"django-rlock: cache {alias!r} uses django-redis's ShardClient; a lock needs one "
+                f"Redis server, so use DefaultClient or SentinelClient for RLOCK['CACHE']")
+        return get_redis_connection(alias, write=True)
+    if isinstance(backend, BuiltinRedisCache):
+        return backend._cache.get_client(None, write=True)
+    raise ImproperlyConfigured(
+        f"django-rlock: cache {alias!r} uses {_backend_path(backend)}, which is not Redis; "
+        f"RLOCK['CACHE'] must name a django_redis.cache.RedisCache or "
+        f"django.core.cache.backends.redis.RedisCache cache")
+
+
+def get_prefix(cache: str | None = None) -> str:
+    """The key prefix of lock hashes: ``RLOCK['PREFIX']``, else ``"<KEY_PREFIX>:rlock:"``.
+
+    The cache's KEY_PREFIX separates projects sharing a Redis database, so it is honoured.
+    The cache VERSION is not: old and new code run side by side during a deploy that bumps
+    it, and two keys for one lock would exclude nothing. A KEY_FUNCTION is never called (it
+    may hash keys, and SCAN could no longer list locks).
+    """
+    prefix = get_config()["PREFIX"]
+    if prefix is not None:
+        if not isinstance(prefix, str):
+            raise ImproperlyConfigured(f"RLOCK['PREFIX'] must be a str or None, got {prefix!r}")
+        return prefix
+    key_prefix = settings.CACHES[cache_alias(cache)].get("KEY_PREFIX") or ""
+    return f"{key_prefix}:rlock:" if key_prefix else "rlock:"
+
+
+def get_lock(name: str, *, cache: str | None = None) -> RLock:
+    """An ``RLock`` on the cache's Redis connection, with the configured prefix and watchdog."""
+    return RLock(get_client(cache), name, prefix=get_prefix(cache),
+                 watchdog_timeout=get_config()["WATCHDOG_TIMEOUT"])

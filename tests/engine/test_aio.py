@@ -1,0 +1,219 @@
+"""AsyncRLock: task-scoped ownership on one event loop, same layout and semantics."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+
+import pytest
+import redis.asyncio
+
+from django_rlock import AsyncRLock, LockNotOwnedError, RLock
+from django_rlock.engine.clients import sync_twin
+from django_rlock.engine.watchdog import server_id
+from tests.conftest import script_calls
+
+
+@pytest.fixture
+def ar(redis_server, r):
+    return redis.asyncio.Redis(unix_socket_path=redis_server.socket)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_concurrent_tasks_are_different_owners(ar, r):
+    async def main():
+        lock = AsyncRLock(ar, "tasks")
+        holding = asyncio.Event()
+        done = asyncio.Event()
+
+        async def holder():
+            await lock.lock()
+            holding.set()
+            await done.wait()
+            await lock.unlock()
+
+        t = asyncio.create_task(holder())
+        await holding.wait()
+        # Same thread, same loop, same lock object: still not the owner.
+        assert await lock.try_lock() is False
+        assert await lock.hold_count() == 0
+        with pytest.raises(LockNotOwnedError):
+            await lock.unlock()
+        done.set()
+        await t
+        assert not await lock.is_locked()
+        await ar.aclose()
+
+    run(main())
+
+
+def test_reentrancy_and_layout(ar, r):
+    async def main():
+        lock = AsyncRLock(ar, "layout", prefix="p:")
+        await lock.lock()
+        await lock.lock()
+        assert await lock.hold_count() == 2 and await lock.is_held_by_current_task()
+        ((field, count),) = r.hgetall("p:layout").items()
+        assert re.fullmatch(rb"[0-9a-f-]{36}:\d+", field) and count == b"2"
+        assert 29_000 < r.pttl("p:layout") <= 30_000
+
+        async def child():  # a child task is another owner
+            return await lock.try_lock()
+
+        assert await asyncio.create_task(child()) is False
+        await lock.unlock()
+        assert await lock.hold_count() == 1
+        await lock.unlock()
+        assert not r.exists("p:layout")
+        await ar.aclose()
+
+    run(main())
+
+
+def test_twenty_concurrent_tasks_never_overlap_and_do_not_poll(ar, r):
+    async def main():
+        lock = AsyncRLock(ar, "twenty")
+        inside, worst = 0, 0
+
+        async def work():
+            nonlocal inside, worst
+            for _ in range(5):
+                async with lock:
+                    inside += 1
+                    worst = max(worst, inside)
+                    await asyncio.sleep(0.002)
+                    inside -= 1
+
+        await asyncio.gather(*(work() for _ in range(20)))
+        assert worst == 1
+        await ar.aclose()
+
+    r.config_resetstat()
+    run(main())
+    # 100 acquisitions: one release each, and hand-offs inside the process need no attempt.
+    assert script_calls(r) <= 100 * 2.5
+
+
+def test_waiting_does_not_block_the_event_loop(ar, r, holders):
+    lock_sync = RLock(r, "loop")
+    h = holders()
+    h.call(lambda: lock_sync.lock())
+
+    async def main():
+        lock = AsyncRLock(ar, "loop")
+        ticks = 0
+
+        async def ticker():
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        t = asyncio.create_task(ticker())
+
+        async def take():
+            await lock.lock()
+            held = await lock.is_held_by_current_task()
+            await lock.unlock()
+            return held
+
+        waiter = asyncio.create_task(take())
+        await asyncio.sleep(1.0)
+        assert not waiter.done() and ticks > 50  # the loop kept running while we waited
+        await asyncio.to_thread(h.call, lock_sync.unlock)  # a thread hands off to the task
+        start = time.monotonic()
+        assert await asyncio.wait_for(waiter, 5) is True
+        assert time.monotonic() - start < 2
+        t.cancel()
+        await ar.aclose()
+
+    run(main())
+
+
+def test_cancelled_waiter_leaves_no_trace(ar, r):
+    async def main():
+        lock = AsyncRLock(ar, "cancel")
+        await lock.lock()
+
+        async def other():
+            await lock.lock()
+
+        waiter = asyncio.create_task(other())
+        await asyncio.sleep(0.3)
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        await lock.unlock()
+        assert not r.exists("cancel")  # nobody was handed the lock
+        assert await lock.try_lock() is True
+        await lock.unlock()
+        await ar.aclose()
+
+    run(main())
+
+
+def test_watchdog_renews_async_locks_and_lease_expires(ar, r):
+    async def main():
+        lock = AsyncRLock(ar, "renew", watchdog_timeout=1.0)
+        await lock.lock()
+        await asyncio.sleep(2.5)
+        assert r.pttl("renew") > 0 and not lock.is_lost()
+        await lock.unlock()
+        leased = AsyncRLock(ar, "leased")
+        await leased.lock(lease_time=0.3)
+        assert await leased.try_lock(wait_time=0, lease_time=0.3) is True  # reentrant
+        await asyncio.sleep(0.6)
+        with pytest.raises(LockNotOwnedError):
+            await leased.unlock()
+        await ar.aclose()
+
+    run(main())
+
+
+def test_try_lock_budget_and_force_unlock_wakes(ar, r, holders):
+    lock_sync = RLock(r, "budget")
+    holders().call(lambda: lock_sync.lock())
+
+    async def main():
+        lock = AsyncRLock(ar, "budget")
+        start = time.monotonic()
+        assert await lock.try_lock(wait_time=0.5) is False
+        assert 0.45 < time.monotonic() - start < 3
+        async def take():
+            got = await lock.try_lock(wait_time=10)
+            await lock.unlock()
+            return got
+
+        waiter = asyncio.create_task(take())
+        await asyncio.sleep(0.3)
+        assert await lock.force_unlock() is True
+        assert await asyncio.wait_for(waiter, 5) is True
+        await ar.aclose()
+
+    run(main())
+
+
+def test_bad_input_before_any_command(ar, r):
+    async def main():
+        with pytest.raises(ValueError):
+            AsyncRLock(ar, "")
+        with pytest.raises(TypeError):
+            AsyncRLock(ar, 5)
+        lock = AsyncRLock(ar, "bad")
+        with pytest.raises(ValueError, match="'bad'"):
+            await lock.lock(lease_time=0)
+        with pytest.raises(ValueError, match="'bad'"):
+            await lock.try_lock(wait_time=-1)
+        await ar.aclose()
+
+    r.config_resetstat()
+    run(main())
+    assert script_calls(r) == 0
+
+
+def test_sync_twin_is_the_same_server(ar, r):
+    assert server_id(sync_twin(ar)) == server_id(r)
