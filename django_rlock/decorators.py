@@ -1,0 +1,279 @@
+"""``@locked``: one decorator for functions, sync and async views, class-based views and tasks.
+
+The lock name comes from a template formatted with the call's bound arguments
+(``"report:{pk}"``, ``"user:{request.user.pk}"``) or from a callable. Field names are checked
+against the signature when decorating, so a typo fails at import, not at the first request.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import math
+import string
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from .engine import AsyncRLock, LockBusy, RLock
+from .engine.lock import check_seconds
+
+logger = logging.getLogger("django_rlock")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+ON_BUSY = ("raise", "skip", "wait", "retry")
+
+
+def _template_fields(template: str) -> list[str]:
+    """The root names a template uses: ``"r:{request.user.pk}"`` -> ``["request"]``."""
+    roots = []
+    for _, field, _, _ in string.Formatter().parse(template):
+        if field is None:
+            continue
+        root = field.split(".", 1)[0].split("[", 1)[0]
+        if not root or root.isdigit():
+            raise ValueError(f"lock template {template!r} uses a positional field {{{field}}}; "
+                             f"name the argument instead, e.g. {{pk}}")
+        roots.append(root)
+    return roots
+
+
+class LockSpec:
+    """A parsed ``@locked(...)``: built once per decorator, shared by every call."""
+
+    def __init__(self, template: str | Callable[..., str], wait: float, lease: float | None,
+                 on_busy: str | Callable[..., Any] | None, cache: str | None, client: Any,
+                 prefix: str | None, status: int | None, dedupe: bool) -> None:
+        if isinstance(template, str):
+            if not template:
+                raise ValueError("lock template must not be empty")
+            self.fields = _template_fields(template)
+        elif callable(template):
+            self.fields = []
+        else:
+            raise TypeError(f"lock template must be a str or a callable, not {type(template).__name__}")
+        label = template if isinstance(template, str) else getattr(template, "__name__", "callable")
+        self.wait = check_seconds(wait, "wait", str(label), zero_ok=True)
+        self.lease = None if lease is None else check_seconds(lease, "lease", str(label), zero_ok=False)
+        if not (on_busy is None or callable(on_busy) or on_busy in ON_BUSY):
+            raise ValueError(f"on_busy must be one of {', '.join(map(repr, ON_BUSY))}, a callable "
+                             f"or None, not {on_busy!r} (lock {label!r})")
+        if on_busy == "wait" and not self.wait:
+            raise ValueError(f"on_busy='wait' needs wait > 0 seconds (lock {label!r})")
+        if status is not None and not (isinstance(status, int) and 100 <= status <= 599):
+            raise ValueError(f"status must be an HTTP status code, not {status!r} (lock {label!r})")
+        if prefix is not None and not isinstance(prefix, str):
+            raise TypeError(f"prefix must be a str (lock {label!r})")
+        self.template = template
+        self.label = str(label)
+        self.on_busy = on_busy
+        self.cache = cache
+        self.client = client
+        self.prefix = prefix
+        self.status = status
+        self.dedupe = dedupe
+
+    # -- names ------------------------------------------------------------------------------
+    def check_signature(self, func: Callable[..., Any], sig: inspect.Signature) -> None:
+        params = sig.parameters
+        if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            return  # **kwargs may carry any name (class-based views' dispatch)
+        missing = [f for f in self.fields if f not in params]
+        if missing:
+            raise ValueError(
+                f"lock template {self.template!r} of {func.__qualname__}() uses "
+                f"{', '.join(map(repr, missing))}, which is not a parameter of "
+                f"{func.__qualname__}{sig}")
+
+    def name_for(self, func: Callable[..., Any], sig: inspect.Signature,
+                 args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        if not isinstance(self.template, str):
+            name = self.template(*args, **kwargs)
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"the lock name callable of {func.__qualname__}() must return a "
+                                 f"non-empty str, not {name!r}")
+            return name
+        try:
+            values = bound_arguments(sig, args, kwargs)
+            return self.template.format_map(values)
+        except (KeyError, AttributeError, IndexError, TypeError) as exc:
+            raise ValueError(f"cannot build the lock name {self.template!r} for "
+                             f"{func.__qualname__}(): {type(exc).__name__}: {exc}") from exc
+
+    # -- locks ------------------------------------------------------------------------------
+    def _where(self) -> tuple[Any, str, float]:
+        if self.client is not None:
+            return self.client, self.prefix or "", 30.0
+        from .conf import get_config
+        from .connection import get_client, get_prefix
+
+        prefix = self.prefix if self.prefix is not None else get_prefix(self.cache)
+        return get_client(self.cache), prefix, float(get_config()["WATCHDOG_TIMEOUT"])
+
+    def sync_lock(self, name: str) -> RLock:
+        client, prefix, watchdog_timeout = self._where()
+        return RLock(client, name, prefix, watchdog_timeout)
+
+    def async_lock(self, name: str) -> AsyncRLock:
+        from .engine.clients import async_twin
+
+        client, prefix, watchdog_timeout = self._where()
+        if hasattr(client, "connection_pool") and inspect.iscoroutinefunction(
+                getattr(client, "execute_command", None)):
+            return AsyncRLock(client, name, prefix, watchdog_timeout)
+        return AsyncRLock(async_twin(client), name, prefix, watchdog_timeout, sync_client=client)
+
+    def busy_status(self) -> int:
+        if self.status is not None:
+            return self.status
+        from .conf import get_config
+
+        return int(get_config()["BUSY_STATUS"])
+
+
+def bound_arguments(sig: inspect.Signature, args: tuple[Any, ...],
+                    kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The call's arguments by name, defaults applied, ``**kwargs`` flattened in."""
+    bound = sig.bind(*args, **kwargs)
+    bound.apply_defaults()
+    values = dict(bound.arguments)
+    for p in sig.parameters.values():
+        if p.kind is p.VAR_KEYWORD:
+            values.update(values.pop(p.name, {}))
+    return values
+
+
+def _is_request(obj: Any) -> bool:
+    try:
+        from django.http import HttpRequest
+    except ImportError:  # pragma: no cover - Django is optional for plain functions
+        return False
+    return isinstance(obj, HttpRequest)
+
+
+def _busy(spec: LockSpec, lock: Any, ttl: float | None) -> LockBusy:
+    return LockBusy(f"lock {lock.name!r} is busy (held by someone else"
+                    f"{'' if ttl is None else f', {ttl:.3f} s left'}); gave up after "
+                    f"{spec.wait:g} s", lock.name, ttl)
+
+
+def _holders(lock: RLock) -> str:
+    try:
+        fields = lock.client.hkeys(lock.key)
+    except Exception:  # only for the log line
+        return "?"
+    return ", ".join(f.decode() if isinstance(f, bytes) else str(f) for f in fields) or "nobody"
+
+
+def busy_response(spec: LockSpec, busy: LockBusy) -> Any:
+    from django.http import HttpResponse
+
+    response = HttpResponse(f"Locked: {busy.name} is busy, try again later.\n",
+                            status=spec.busy_status(), content_type="text/plain; charset=utf-8")
+    if busy.ttl is not None and not math.isinf(busy.ttl):
+        response["Retry-After"] = str(max(1, math.ceil(busy.ttl)))
+    return response
+
+
+def _on_busy(spec: LockSpec, wrapper: Callable[..., Any], busy: LockBusy, args: tuple[Any, ...],
+             kwargs: dict[str, Any], holders: Callable[[], str]) -> Any:
+    """What a call whose lock stayed busy returns (or raises)."""
+    on_busy = spec.on_busy
+    if callable(on_busy):
+        return on_busy(busy, *args, **kwargs)
+    if on_busy is None:
+        if args and _is_request(args[0]):
+            return busy_response(spec, busy)
+        from .celery import task_of
+
+        on_busy = "skip" if task_of(args, wrapper) is not None else "raise"
+    if on_busy == "raise":
+        raise busy
+    if on_busy == "retry":
+        from .celery import retry, task_of
+
+        return retry(busy, task_of(args, wrapper))
+    # "skip" and "wait" (which has already waited)
+    logger.info("django-rlock: skipped %s: lock %r is held by %s", spec.label, busy.name, holders())
+    return None
+
+
+def _lost_warning(name: str, func: Callable[..., Any]) -> None:
+    logger.warning("django-rlock: lock %r was lost while %s() ran (it expired or was "
+                   "force-unlocked); the call's result is returned anyway", name, func.__qualname__)
+
+
+def locked(template: str | Callable[..., str], *, wait: float = 0, lease: float | None = None,
+           on_busy: str | Callable[..., Any] | None = None, cache: str | None = None,
+           client: Any = None, prefix: str | None = None, status: int | None = None,
+           dedupe: bool = False) -> Callable[[F], F]:
+    """Run the decorated callable only while holding the lock named by ``template``.
+
+    ``wait``: seconds to wait for a busy lock (0: one attempt). ``lease``: seconds, or None for
+    watchdog mode (held as long as the call runs). ``on_busy``, after ``wait``: ``None`` =
+    the context's default (views: a 423 response with Retry-After; Celery tasks: skip; other
+    callables: raise ``LockBusy``), ``"raise"``, ``"skip"`` (return None, logged), ``"wait"``
+    (skip after waiting), ``"retry"`` (Celery: ``self.retry``), or a callable
+    ``on_busy(busy, *args, **kwargs)`` whose result is returned. ``cache``: the cache alias
+    (default ``RLOCK["CACHE"]``); ``client``/``prefix``: use a redis-py client directly,
+    without Django. ``status``: the busy response status (default ``RLOCK["BUSY_STATUS"]``).
+    ``dedupe``: Celery tasks only, skip enqueueing a duplicate (see ``django_rlock.celery``).
+    """
+    spec = LockSpec(template, wait, lease, on_busy, cache, client, prefix, status, dedupe)
+
+    def decorate(func: F) -> F:
+        if hasattr(func, "apply_async") and hasattr(func, "run"):
+            raise TypeError(
+                f"@locked was applied to the Celery task {getattr(func, 'name', func)!r}; put the "
+                f"task decorator outermost:\n\n    @shared_task(bind=True)\n    @locked(...)\n"
+                f"    def {getattr(func, '__name__', 'task')}(self, ...): ...")
+        if not callable(func):
+            raise TypeError(f"@locked decorates callables, not {type(func).__name__}")
+        # method_decorator hands us a partial of the bound method per request, with
+        # __wrapped__ pointing at the unbound one: its own signature is the one called.
+        sig = inspect.signature(func, follow_wrapped=not isinstance(func, functools.partial))
+        spec.check_signature(func, sig)
+
+        if inspect.iscoroutinefunction(func):
+            @functools.wraps(func)
+            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                lock = spec.async_lock(spec.name_for(func, sig, args, kwargs))
+                if not await lock.try_lock(spec.wait, spec.lease):
+                    ttl = await lock.remaining_ttl()
+                    sync_lock = RLock(lock._sync_client, lock.name, lock.prefix)
+                    return _on_busy(spec, async_wrapper, _busy(spec, lock, ttl), args, kwargs,
+                                    lambda: _holders(sync_lock))
+                try:
+                    return await func(*args, **kwargs)
+                finally:
+                    try:
+                        await lock.unlock()
+                    except Exception as exc:
+                        _lost_warning(lock.name, func)
+                        logger.debug("release failed: %s", exc)
+
+            wrapper: Any = async_wrapper
+        else:
+            @functools.wraps(func)
+            def sync_wrapper(*args: Any, **kwargs: Any) -> Any:
+                lock = spec.sync_lock(spec.name_for(func, sig, args, kwargs))
+                if not lock.try_lock(spec.wait, spec.lease):
+                    busy = _busy(spec, lock, lock.remaining_ttl())
+                    return _on_busy(spec, sync_wrapper, busy, args, kwargs, lambda: _holders(lock))
+                try:
+                    return func(*args, **kwargs)
+                finally:
+                    try:
+                        lock.unlock()
+                    except Exception as exc:
+                        _lost_warning(lock.name, func)
+                        logger.debug("release failed: %s", exc)
+
+            wrapper = sync_wrapper
+        # Celery checks call arguments against this (it does not follow __wrapped__).
+        wrapper.__signature__ = sig
+        wrapper.__rlock_spec__ = spec
+        return wrapper  # type: ignore[no-any-return]
+
+    return decorate
