@@ -3,13 +3,17 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint bench clean
+.PHONY: demo engine-demo test lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
 demo: $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[demo]'
+	$(BIN)/python demo/run_demo.py
+
+engine-demo: $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[demo]'
 	$(BIN)/python demo/engine_demo.py
 

@@ -195,7 +195,8 @@ def _on_busy(spec: LockSpec, wrapper: Callable[..., Any], busy: LockBusy, args: 
 
         return retry(busy, task_of(args, wrapper))
     # "skip" and "wait" (which has already waited)
-    logger.info("django-rlock: skipped %s: lock %r is held by %s", spec.label, busy.name, holders())
+    logger.info("django-rlock: skipped %s: lock %r is held by %s",
+                getattr(wrapper, "__qualname__", spec.label), busy.name, holders())
     return None
 
 
