@@ -185,6 +185,15 @@ def test_clear_names(db1: redis.Redis) -> None:
     assert foreign_state(db1) == FOREIGN
 
 
+def test_configuration_and_connection_errors(settings: Any, tmp_path: Path) -> None:
+    with pytest.raises(CommandError, match="'nope' is not in settings.CACHES"):
+        run("list", cache="nope")
+    settings.CACHES = {"default": {"BACKEND": "django_redis.cache.RedisCache",
+                                   "LOCATION": f"unix://{tmp_path}/absent.sock"}}
+    with pytest.raises(CommandError, match="Redis error"):
+        run("list")
+
+
 def test_clear_needs_names_or_all() -> None:
     with pytest.raises(CommandError, match="names or --all"):
         run("clear", "--no-input")

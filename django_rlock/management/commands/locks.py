@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from redis.exceptions import RedisError
 
 from django_rlock.inspect import LockInspector
 
@@ -41,8 +43,13 @@ class Command(BaseCommand):
                        help="Do not ask for confirmation.")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        inspector = LockInspector(options["cache"])
-        getattr(self, f"handle_{options['subcommand']}")(inspector, **options)
+        try:
+            inspector = LockInspector(options["cache"])
+            getattr(self, f"handle_{options['subcommand']}")(inspector, **options)
+        except ImproperlyConfigured as exc:
+            raise CommandError(str(exc)) from exc
+        except RedisError as exc:
+            raise CommandError(f"Redis error: {exc}") from exc
 
     def handle_list(self, inspector: LockInspector, *, match: str, format: str, **options: Any) -> None:
         locks = inspector.locks(match)
