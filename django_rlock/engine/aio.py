@@ -85,6 +85,8 @@ class AsyncRLock(LockBase):
                 if await slot.apark(end - time.monotonic()):
                     return True
             while True:
+                if await slot.abegin_attempt():
+                    return True
                 ttl = await self._attempt(k, lease_ms)
                 again = slot.attempted(ttl is None, ttl)
                 if ttl is None:

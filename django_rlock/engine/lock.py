@@ -308,6 +308,8 @@ class RLock(LockBase):
                     if slot.park(end - time.monotonic()):
                         return True
                 while True:
+                    if slot.begin_attempt():
+                        return True
                     ttl = self._attempt(k, lease_ms)
                     again = slot.attempted(ttl is None, ttl)
                     if ttl is None:

@@ -45,7 +45,7 @@ class Waiter:
     """
 
     __slots__ = ("_park", "_loop", "_event", "signaled", "reserved", "granted", "abandoned",
-                 "owner", "lease_ms", "on_grant")
+                 "attempting", "owner", "lease_ms", "on_grant")
 
     def __init__(self, owner: str = "", lease_ms: int = 0,
                  on_grant: Callable[[], None] | None = None,
@@ -60,6 +60,7 @@ class Waiter:
         self.reserved = False
         self.granted = False
         self.abandoned = False
+        self.attempting = False  # its own acquire is in flight: not a hand-off candidate
         self.owner = owner
         self.lease_ms = lease_ms
         self.on_grant = on_grant
@@ -171,10 +172,36 @@ class Slot:
         """Set once the channel's subscription is confirmed by Redis."""
         return self.channel.confirmed
 
+    def begin_attempt(self) -> bool:
+        """Call before sending an acquire. True: a hand-off already gave us the lock, send
+        nothing (a reentrant acquire on top would count it twice)."""
+        w = self._waiter
+        while True:
+            with self._mgr._lock:
+                if not w.reserved:
+                    if w.granted:
+                        return True
+                    w.attempting = True  # no hand-off to us while our own acquire is in flight
+                    return False
+            w.park(None)  # a hand-off to us is in flight: its outcome comes within one round trip
+
+    async def abegin_attempt(self) -> bool:
+        """``begin_attempt`` for an asyncio waiter."""
+        w = self._waiter
+        while True:
+            with self._mgr._lock:
+                if not w.reserved:
+                    if w.granted:
+                        return True
+                    w.attempting = True
+                    return False
+            await w.apark(None)
+
     def attempted(self, acquired: bool, ttl_ms: int | None = None) -> bool:
         """Record the outcome of a retry. True means: retry again now, do not park."""
         ch, w = self.channel, self._waiter
         with self._mgr._lock:
+            w.attempting = False
             if ttl_ms is not None and ttl_ms >= 0:
                 ch.expires_hint = time.monotonic() + ttl_ms / 1000.0
             if w.signaled:
@@ -260,7 +287,7 @@ class PubSubManager:
         with self._lock:
             ch = self._channels.get(channel)
             if (ch is None or not ch.queue or ch.active or not self._connected
-                    or not ch.confirmed.is_set()):
+                    or not ch.confirmed.is_set() or ch.queue[0].attempting):
                 return None
             w = ch.queue.popleft()
             w.reserved = True

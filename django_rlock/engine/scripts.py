@@ -165,3 +165,29 @@ async def acall_once(client: Any, script: Script, keys: tuple[Any, ...], args: t
         return await _acall_on(conn, script, keys, args)
     finally:
         await pool.release(conn)
+
+
+# Enqueue de-duplication marks: a hash in lock layout whose one field is "<task id>:0", so the
+# watchdog can renew it while the task runs and `locks list` shows which task holds it.
+# KEYS[1] mark; ARGV[1] field, ARGV[2] ttl ms.
+# Reply: nil = ours now (new, or our own retry: TTL reset); else the field that holds it.
+MARK_CLAIM = """
+if redis.call('exists', KEYS[1]) == 0 or redis.call('hexists', KEYS[1], ARGV[1]) == 1 then
+  redis.call('hset', KEYS[1], ARGV[1], 1)
+  redis.call('pexpire', KEYS[1], ARGV[2])
+  return nil
+end
+return redis.call('hkeys', KEYS[1])[1]
+"""
+
+# KEYS[1] mark; ARGV[1] field. Reply: 1 if it was ours and is gone, else 0.
+MARK_RELEASE = """
+if redis.call('hexists', KEYS[1], ARGV[1]) == 1 then
+  redis.call('del', KEYS[1])
+  return 1
+end
+return 0
+"""
+
+MARK_CLAIM_SCRIPT = Script(MARK_CLAIM)
+MARK_RELEASE_SCRIPT = Script(MARK_RELEASE)

@@ -235,7 +235,7 @@ def test_bad_input_is_refused_before_any_redis_command(r, call, error):
         call(r)
     stats = r.info("commandstats")
     # Only the INFO / CONFIG calls of this test itself reached the server.
-    assert set(stats) <= {"cmdstat_config", "cmdstat_info"}, stats
+    assert all(k.split("|")[0] in ("cmdstat_config", "cmdstat_info") for k in stats), stats
 
 
 def test_bad_input_messages_name_the_lock(r):
