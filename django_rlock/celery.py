@@ -1,19 +1,44 @@
-"""Celery behaviour of ``@locked``: skip or retry a task whose lock is busy.
+"""Celery tasks that never run twice at once, survive worker crashes, and can refuse duplicates.
 
 Decorate with the task decorator outermost::
 
     @shared_task(bind=True)
     @locked("sync:{account_id}", on_busy="retry")
     def sync_account(self, account_id): ...
+
+Inside a task, ``@locked`` holds its lock (watchdog mode: renewed for the whole run) and
+releases it on success, failure, retry and ``revoke(terminate=True)``. A worker child killed
+with SIGKILL stops renewing, so the lock expires within the watchdog timeout. Prefork children
+are distinct owners (each gets its own process id after fork).
+
+Enqueue-time de-duplication (``@locked(..., dedupe=True)`` with ``base=LockedTask``): while an
+identical call (same task, same canonically bound arguments) is queued or running, ``delay()``
+/ ``apply_async()`` enqueue nothing and return the existing task's ``AsyncResult``.
 """
 
 from __future__ import annotations
 
+import hashlib
+import inspect
+import json
+import logging
 import math
 from collections.abc import Callable
 from typing import Any
 
+from celery import Task
+from celery._state import get_current_task
+from celery.exceptions import Ignore, Retry
+from celery.signals import task_revoked
+from celery.utils import uuid
+
 from .engine import LockBusy
+from .engine.scripts import MARK_CLAIM_SCRIPT, MARK_RELEASE_SCRIPT, call, call_once
+from .engine.watchdog import server_id, watchdog
+
+logger = logging.getLogger("django_rlock")
+
+__all__ = ["LockedTask", "dedupe_name", "retry", "task_of"]
 
 
 def task_of(args: tuple[Any, ...], wrapper: Callable[..., Any] | None = None) -> Any:
@@ -22,11 +47,6 @@ def task_of(args: tuple[Any, ...], wrapper: Callable[..., Any] | None = None) ->
     A bound task passes itself first; an unbound one is recognised as the worker's current
     task whose ``run`` is our wrapper.
     """
-    try:
-        from celery import Task
-        from celery._state import get_current_task
-    except ImportError:
-        return None
     if args and isinstance(args[0], Task):
         return args[0]
     if wrapper is not None:
@@ -38,7 +58,10 @@ def task_of(args: tuple[Any, ...], wrapper: Callable[..., Any] | None = None) ->
 
 
 def retry(busy: LockBusy, task: Any, countdown: float | None = None) -> Any:
-    """``raise task.retry(...)`` after the holder's remaining lease (or ``countdown``)."""
+    """``raise task.retry(...)`` after the holder's remaining lease (or ``countdown``).
+
+    ``max_retries`` is honoured by Celery: past it, the task fails with the ``LockBusy``.
+    """
     if task is None:
         raise TypeError(f"on_busy='retry' needs a bound task (@shared_task(bind=True)) to retry "
                         f"(lock {busy.name!r})")
@@ -46,3 +69,160 @@ def retry(busy: LockBusy, task: Any, countdown: float | None = None) -> Any:
         ttl = busy.ttl
         countdown = 1 if ttl is None or math.isinf(ttl) else max(1, math.ceil(ttl))
     raise task.retry(countdown=countdown, exc=busy)
+
+
+# -- enqueue de-duplication -----------------------------------------------------------------------
+def _spec_of(task: Any) -> Any:
+    return getattr(getattr(task, "run", None), "__rlock_spec__", None)
+
+
+def _call_signature(task: Any) -> inspect.Signature:
+    """The signature callers use: a bound task's ``self`` is not an argument of the call."""
+    sig = inspect.signature(task.run.__func__ if inspect.ismethod(task.run) else task.run)
+    params = list(sig.parameters.values())
+    if inspect.ismethod(task.run) and params:
+        params = params[1:]
+    return sig.replace(parameters=params)
+
+
+def dedupe_name(task: Any, args: Any = None, kwargs: Any = None) -> str:
+    """``dedupe:<task name>:<digest>`` of the canonically bound call.
+
+    ``f(1, b=2)`` and ``f(a=1, b=2)`` bind alike, defaults are filled in, so both name one mark.
+    """
+    from .decorators import bound_arguments
+
+    values = bound_arguments(_call_signature(task), tuple(args or ()), dict(kwargs or {}))
+    canonical = json.dumps(values, sort_keys=True, separators=(",", ":"), default=repr)
+    return f"dedupe:{task.name}:{hashlib.sha1(canonical.encode()).hexdigest()[:24]}"
+
+
+def _field(task_id: str) -> str:
+    return f"{task_id}:0"
+
+
+class LockedTask(Task):
+    """Task base class for ``@locked(..., dedupe=True)``: refuses to enqueue a duplicate.
+
+    ``dedupe_ttl`` (seconds) bounds how long a mark lives while its task waits in the queue
+    (a message lost with a dead worker frees it then); while the task runs, the worker's
+    watchdog keeps it alive, and it is released when the task finishes in any state or is
+    revoked. The task's own retries reuse its mark.
+    """
+
+    abstract = True
+    dedupe_ttl: float = 600.0
+
+    def apply_async(self, args: Any = None, kwargs: Any = None, task_id: str | None = None,
+                    *rest: Any, **options: Any) -> Any:
+        spec = _spec_of(self)
+        if spec is None or not spec.dedupe or self.app.conf.task_always_eager:
+            return super().apply_async(args, kwargs, task_id, *rest, **options)
+        name = dedupe_name(self, args, kwargs)  # wrong arguments fail here, before any command
+        task_id = task_id or uuid()
+        client, prefix, _ = spec._where()
+        key = prefix + name
+        ttl_ms = max(1, math.ceil(float(self.dedupe_ttl) * 1000))
+        holder = call(client, MARK_CLAIM_SCRIPT, (key,), (_field(task_id), ttl_ms))
+        if holder is not None:
+            existing = (holder.decode() if isinstance(holder, bytes) else holder).rsplit(":", 1)[0]
+            logger.info("django-rlock: not enqueueing %s: the identical task %s is queued or running",
+                        self.name, existing)
+            return self.AsyncResult(existing)
+        try:
+            return super().apply_async(args, kwargs, task_id, *rest, **options)
+        except BaseException:
+            call(client, MARK_RELEASE_SCRIPT, (key,), (_field(task_id),))
+            raise
+
+
+class _Mark:
+    """A running task's claim on its de-dup mark, renewed by this process's watchdog."""
+
+    def __init__(self, spec: Any, task: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.client, prefix, self.watchdog_timeout = spec._where()
+        call_args = args[1:] if args and args[0] is task else args
+        self.key = prefix + dedupe_name(task, call_args, kwargs)
+        self.field = _field(task.request.id)
+        self.k = (server_id(self.client), self.key, self.field)
+        self.held = False
+
+    def adopt(self) -> None:
+        ms = max(1, math.ceil(self.watchdog_timeout * 1000))
+        if call_once(self.client, MARK_CLAIM_SCRIPT, (self.key,), (self.field, ms)) is None:
+            watchdog().acquired(self.k, self.client, self.key, ms, True, self.watchdog_timeout, None)
+            self.held = True
+        # else: an identical task holds it (ours expired in the queue); leave it alone
+
+    def finish(self, release: bool) -> None:
+        if not self.held:
+            return
+        watchdog().forget(self.k)  # a retry keeps the mark on the TTL its re-enqueue set
+        if release:
+            call(self.client, MARK_RELEASE_SCRIPT, (self.key,), (self.field,))
+
+
+@task_revoked.connect
+def _release_revoked_mark(sender: Any = None, request: Any = None, **_: Any) -> None:
+    """A revoked task never finishes: free its mark now (in the worker's main process)."""
+    spec = _spec_of(sender)
+    if spec is None or not spec.dedupe or request is None:
+        return
+    try:
+        client, prefix, _ = spec._where()
+        key = prefix + dedupe_name(sender, request.args, request.kwargs)
+        call(client, MARK_RELEASE_SCRIPT, (key,), (_field(request.id),))
+    except Exception:
+        logger.exception("django-rlock: could not release the de-dup mark of revoked task %s",
+                         getattr(request, "id", "?"))
+
+
+# -- running a locked task ----------------------------------------------------------------------
+def run_task(spec: Any, wrapper: Callable[..., Any], func: Callable[..., Any], name: str,
+             task: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+             on_busy: Callable[..., Any]) -> Any:
+    """The body of ``@locked`` when it runs as a Celery task.
+
+    ``revoke(terminate=True)`` needs nothing special: billiard's pool children turn SIGTERM
+    into ``SystemExit``, which unwinds through the ``finally`` clauses below.
+    """
+    return _run_task(spec, wrapper, func, name, task, args, kwargs, on_busy)
+
+
+def _run_task(spec: Any, wrapper: Callable[..., Any], func: Callable[..., Any], name: str,
+              task: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+              on_busy: Callable[..., Any]) -> Any:
+    mark = None
+    if spec.dedupe:
+        if not isinstance(task, LockedTask):
+            logger.warning("django-rlock: %s uses @locked(dedupe=True) but is not a LockedTask: "
+                           "duplicates are not refused at enqueue time; use "
+                           "@shared_task(base=LockedTask, ...)", task.name)
+        mark = _Mark(spec, task, args, kwargs)
+        mark.adopt()
+    retrying = False
+    try:
+        lock = spec.sync_lock(name)
+        if not lock.try_lock(spec.wait, spec.lease):
+            busy = LockBusy(f"lock {name!r} is busy", name, lock.remaining_ttl())
+            if (task.request.delivery_info or {}).get("redelivered"):
+                # The broker redelivered a message whose first delivery still runs
+                # (visibility timeout shorter than the task): drop this copy quietly.
+                logger.info("django-rlock: %s[%s] redelivered while lock %r is held: ignored",
+                            task.name, task.request.id, name)
+                raise Ignore()
+            return on_busy(busy)
+        try:
+            return func(*args, **kwargs)
+        finally:
+            try:
+                lock.unlock()
+            except Exception as exc:
+                logger.warning("django-rlock: lock %r was lost while %s ran: %s", name,
+                               task.name, exc)
+    except Retry:
+        retrying = True
+        raise
+    finally:
+        if mark is not None:
+            mark.finish(release=not retrying)

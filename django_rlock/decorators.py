@@ -12,6 +12,7 @@ import inspect
 import logging
 import math
 import string
+import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -144,6 +145,15 @@ def bound_arguments(sig: inspect.Signature, args: tuple[Any, ...],
     return values
 
 
+def _task_of(args: tuple[Any, ...], wrapper: Callable[..., Any]) -> Any:
+    """The Celery task this call runs as; never imports Celery into a process without it."""
+    if "celery" not in sys.modules:
+        return None
+    from .celery import task_of
+
+    return task_of(args, wrapper)
+
+
 def _is_request(obj: Any) -> bool:
     try:
         from django.http import HttpRequest
@@ -185,9 +195,7 @@ def _on_busy(spec: LockSpec, wrapper: Callable[..., Any], busy: LockBusy, args: 
     if on_busy is None:
         if args and _is_request(args[0]):
             return busy_response(spec, busy)
-        from .celery import task_of
-
-        on_busy = "skip" if task_of(args, wrapper) is not None else "raise"
+        on_busy = "skip" if _task_of(args, wrapper) is not None else "raise"
     if on_busy == "raise":
         raise busy
     if on_busy == "retry":
@@ -258,7 +266,18 @@ def locked(template: str | Callable[..., str], *, wait: float = 0, lease: float 
         else:
             @functools.wraps(func)
             def sync_wrapper(*args: Any, **kwargs: Any) -> Any:
-                lock = spec.sync_lock(spec.name_for(func, sig, args, kwargs))
+                name = spec.name_for(func, sig, args, kwargs)
+                task = _task_of(args, sync_wrapper)
+                if task is not None:
+                    from .celery import run_task
+
+                    def busy_in_task(busy: LockBusy) -> Any:
+                        return _on_busy(spec, sync_wrapper, busy, args, kwargs,
+                                        lambda: _holders(spec.sync_lock(busy.name)))
+
+                    return run_task(spec, sync_wrapper, func, name, task, args, kwargs,
+                                    busy_in_task)
+                lock = spec.sync_lock(name)
                 if not lock.try_lock(spec.wait, spec.lease):
                     busy = _busy(spec, lock, lock.remaining_ttl())
                     return _on_busy(spec, sync_wrapper, busy, args, kwargs, lambda: _holders(lock))

@@ -1,0 +1,86 @@
+"""Tasks for the Celery tests. Each records what it did in Redis (the test server's db 0)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import redis
+
+from django_rlock import locked
+from django_rlock.celery import LockedTask
+from tests.celery.app import app
+
+_log = redis.Redis.from_url(os.environ["RLOCK_TEST_LOG"])
+
+
+def record(kind: str, key: str, *values: object) -> None:
+    _log.rpush(f"log:{kind}:{key}", ",".join(str(v) for v in values))
+
+
+@app.task(bind=True)
+@locked("crit:{key}", on_busy="wait", wait=120)
+def critical(self, key: str, hold: float = 0.05) -> str:
+    start = time.time()
+    time.sleep(hold)
+    record("interval", key, start, time.time(), self.request.id, os.getpid())
+    return "ran"
+
+
+@app.task(bind=True)
+@locked("skip:{key}")
+def skipper(self, key: str, hold: float = 1.0) -> str:
+    record("start", key, self.request.id, os.getpid())
+    time.sleep(hold)
+    return "ran"
+
+
+@app.task(bind=True, max_retries=20)
+@locked("retry:{key}", on_busy="retry")
+def retrier(self, key: str) -> int:
+    record("ran", key, self.request.retries)
+    return self.request.retries
+
+
+@app.task(bind=True)
+@locked("long:{key}")
+def long_task(self, key: str, seconds: float) -> str:
+    record("start", key, self.request.id, os.getpid())
+    time.sleep(seconds)
+    record("end", key, self.request.id)
+    return "done"
+
+
+@app.task(bind=True)
+@locked("leased:{key}", lease=120)
+def leased_long(self, key: str, seconds: float) -> str:
+    record("start", key, self.request.id, os.getpid())
+    time.sleep(seconds)
+    return "done"
+
+
+@app.task(bind=True, base=LockedTask)
+@locked("dd:{a}", dedupe=True)
+def deduped(self, a: int, b: int = 2, hold: float = 1.0, fail: bool = False) -> int:
+    record("dd", str(a), self.request.id)
+    time.sleep(hold)
+    if fail:
+        raise ValueError("failed on purpose")
+    return a + b
+
+
+@app.task(bind=True, acks_late=True)
+@locked("redeliver:{key}")
+def redelivered(self, key: str, seconds: float) -> str:
+    start = time.time()
+    record("start", key, self.request.id, os.getpid(),
+           (self.request.delivery_info or {}).get("redelivered"))
+    time.sleep(seconds)
+    record("interval", key, start, time.time(), self.request.id, os.getpid())
+    return "done"
+
+
+@app.task(bind=True)
+@locked("crit:{key}", on_busy="wait", wait=0.5)
+def brief_wait(self, key: str) -> str:
+    return "ran"
