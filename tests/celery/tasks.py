@@ -84,3 +84,12 @@ def redelivered(self, key: str, seconds: float) -> str:
 @locked("crit:{key}", on_busy="wait", wait=0.5)
 def brief_wait(self, key: str) -> str:
     return "ran"
+
+
+@app.task(bind=True, base=LockedTask, max_retries=3)
+@locked("ddr:{a}", dedupe=True)
+def deduped_retry(self, a: int) -> int:
+    record("ddr", str(a), self.request.id, self.request.retries)
+    if self.request.retries < 2:
+        raise self.retry(countdown=0.5)
+    return self.request.retries

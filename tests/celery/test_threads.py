@@ -125,6 +125,18 @@ def test_dedupe_mark_is_held_while_running_and_shows_the_task(locks, log):
     assert not locks.exists(key)
 
 
+def test_dedupe_retries_reuse_their_own_mark(locks, log):
+    from tests.celery.tasks import deduped_retry
+
+    first = deduped_retry.delay(3)
+    wait_for(lambda: len(entries(log, "ddr", "3")) >= 1)
+    assert deduped_retry.delay(3).id == first.id  # queued for its retry: still a duplicate
+    assert first.get(timeout=30) == 2
+    runs = entries(log, "ddr", "3")
+    assert [r[0] for r in runs] == [first.id] * 3 and [r[1] for r in runs] == ["0", "1", "2"]
+    assert not list(locks.scan_iter("ct:rlock:dedupe:*"))
+
+
 def test_wrong_arguments_are_rejected_at_delay(locks):
     from tests.celery.tasks import deduped, skipper
 
