@@ -394,7 +394,9 @@ class PubSubManager:
                 # A connection of our own, outside the pool: pool.disconnect() (client.close(),
                 # DJANGO_REDIS_CLOSE_CONNECTION) must not cut every waiter's subscription.
                 pool = self._client.connection_pool
-                self._conn = pool.connection_class(**pool.connection_kwargs)
+                # Named, so that CLIENT LIST shows whose subscription this is.
+                self._conn = pool.connection_class(**{**pool.connection_kwargs,
+                                                      "client_name": subscriber_name()})
             else:
                 self._conn.disconnect()
             self._conn.connect()
@@ -502,9 +504,20 @@ _managers: dict[tuple[Any, ...], PubSubManager] = {}
 _managers_lock = threading.Lock()
 
 
+def subscriber_name() -> str:
+    """The CLIENT SETNAME of this process's subscription connections."""
+    return f"rlock-pubsub:{identity.process_id()}"
+
+
+def _server(client: Any) -> tuple[Any, ...]:
+    # Pub/sub channels are server-wide, not per database: one subscription serves every db.
+    sid = server_id(client)
+    return sid[:5] + sid[6:] if len(sid) == 7 else sid
+
+
 def manager(client: Any) -> PubSubManager:
     """The manager of ``client``'s server, created on first use."""
-    sid = server_id(client)
+    sid = _server(client)
     mgr = _managers.get(sid)
     if mgr is None:
         with _managers_lock:
@@ -515,7 +528,7 @@ def manager(client: Any) -> PubSubManager:
 
 
 def existing_manager(client: Any) -> PubSubManager | None:
-    return _managers.get(server_id(client))
+    return _managers.get(_server(client))
 
 
 def _reset_after_fork() -> None:
