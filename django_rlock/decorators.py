@@ -208,9 +208,17 @@ def _on_busy(spec: LockSpec, wrapper: Callable[..., Any], busy: LockBusy, args: 
     return None
 
 
-def _lost_warning(name: str, func: Callable[..., Any]) -> None:
-    logger.warning("django-rlock: lock %r was lost while %s() ran (it expired or was "
-                   "force-unlocked); the call's result is returned anyway", name, func.__qualname__)
+def _lost_warning(name: str, func: Callable[..., Any], exc: Exception) -> None:
+    logger.warning("django-rlock: lock %r was lost while %s() ran (%s: %s); the call's result "
+                   "stands", name, getattr(func, "__qualname__", func), type(exc).__name__, exc)
+
+
+def release_after_call(lock: RLock, func: Callable[..., Any]) -> None:
+    """Release after the call; a lost lock is logged, never raised over the call's outcome."""
+    try:
+        lock.unlock()
+    except Exception as exc:
+        _lost_warning(lock.name, func, exc)
 
 
 def locked(template: str | Callable[..., str], *, wait: float = 0, lease: float | None = None,
@@ -259,8 +267,7 @@ def locked(template: str | Callable[..., str], *, wait: float = 0, lease: float 
                     try:
                         await lock.unlock()
                     except Exception as exc:
-                        _lost_warning(lock.name, func)
-                        logger.debug("release failed: %s", exc)
+                        _lost_warning(lock.name, func, exc)
 
             wrapper: Any = async_wrapper
         else:
@@ -284,11 +291,7 @@ def locked(template: str | Callable[..., str], *, wait: float = 0, lease: float 
                 try:
                     return func(*args, **kwargs)
                 finally:
-                    try:
-                        lock.unlock()
-                    except Exception as exc:
-                        _lost_warning(lock.name, func)
-                        logger.debug("release failed: %s", exc)
+                    release_after_call(lock, func)
 
             wrapper = sync_wrapper
         # Celery checks call arguments against this (it does not follow __wrapped__).
