@@ -93,3 +93,9 @@ def deduped_retry(self, a: int) -> int:
     if self.request.retries < 2:
         raise self.retry(countdown=0.5)
     return self.request.retries
+
+
+@app.task(bind=True, base=LockedTask, dedupe_ttl=1.0)
+@locked("dds:{a}", dedupe=True)
+def deduped_short(self, a: int) -> int:
+    return a

@@ -108,8 +108,21 @@ def test_dedupe_mark_released_after_failure(locks, log):
     with pytest.raises(ValueError):
         failing.get(timeout=20)
     assert not [k for k in locks.scan_iter("ct:rlock:dedupe:*")]
+    assert not locks.exists("ct:rlock:dd:5")  # the execution lock too
     retry = deduped.delay(5, hold=0.2, fail=True)
     assert retry.id != failing.id
+    with pytest.raises(ValueError):
+        retry.get(timeout=20)
+
+
+def test_dedupe_mark_expires_if_no_worker_ever_starts_the_task(locks):
+    from tests.celery.tasks import deduped_short
+
+    # A queue nobody consumes stands for a worker that died before starting the task.
+    lost = deduped_short.apply_async((1,), queue="nobody-listens")
+    assert deduped_short.apply_async((1,), queue="nobody-listens").id == lost.id
+    time.sleep(1.3)  # dedupe_ttl=1.0
+    assert deduped_short.apply_async((1,), queue="nobody-listens").id != lost.id
 
 
 def test_dedupe_mark_is_held_while_running_and_shows_the_task(locks, log):
