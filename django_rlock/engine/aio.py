@@ -16,10 +16,14 @@ from typing import Any
 
 from . import identity, pubsub
 from .clients import sync_twin
+from .errors import LockNotOwnedError
 from .lock import SUBSCRIBE_TIMEOUT, HoldKey, LockBase, log_masked_release, ttl_seconds
 from .naming import UNLOCK_MESSAGE
 from .scripts import ACQUIRE_SCRIPT, FORCE_UNLOCK_SCRIPT, RELEASE_SCRIPT, acall_once
 from .watchdog import server_id
+
+#: Give-back and booking tasks started from callbacks: kept alive until they finish.
+_background: set[asyncio.Future[Any]] = set()
 
 
 class AsyncRLock(LockBase):
@@ -50,13 +54,33 @@ class AsyncRLock(LockBase):
         wait = self._wait_budget(wait_time)
         return await self._acquire(wait, self._lease_ms(lease_time))
 
-    async def _attempt(self, k: HoldKey, lease_ms: int | None) -> int | None:
-        ttl = await acall_once(self._client, ACQUIRE_SCRIPT, (self.key,),
-                               self._acquire_args(k, lease_ms))
+    async def _attempt(self, k: HoldKey, lease_ms: int | None, claim: bool = False) -> int | None:
+        fut = asyncio.ensure_future(acall_once(self._client, ACQUIRE_SCRIPT, (self.key,),
+                                               self._acquire_args(k, lease_ms, claim)))
+        try:
+            # Cancelling the caller must not cancel a round trip Redis may already have run.
+            ttl = await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            fut.add_done_callback(lambda f: self._give_back(f, k[2]))
+            raise
         if ttl is None:
             self._acquired(k, lease_ms)
             return None
         return int(ttl)
+
+    def _give_back(self, fut: asyncio.Future[Any], owner: str) -> None:
+        """An acquire that landed after its caller was cancelled: nobody knows it holds the
+        lock, so undo that one level at once instead of leaving it for the lease."""
+        if fut.cancelled() or fut.exception() is not None or fut.result() is not None:
+            return
+        self._spawn(acall_once(self._client, RELEASE_SCRIPT, (self.key, self._channel),
+                               (owner, self._watchdog_ms, UNLOCK_MESSAGE)))
+
+    @staticmethod
+    def _spawn(coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        _background.add(task)
+        task.add_done_callback(_background.discard)
 
     async def _acquire(self, wait: float | None, lease_ms: int | None) -> bool:
         k = (self._server, self.key, identity.task_owner())
@@ -72,49 +96,52 @@ class AsyncRLock(LockBase):
                     park_until: float) -> bool:
         deadline = None if wait is None else time.monotonic() + wait
         sub_timeout = SUBSCRIBE_TIMEOUT if wait is None else min(SUBSCRIBE_TIMEOUT, wait)
-        mgr = pubsub.manager(self._sync_client)
         ms = self._watchdog_ms if lease_ms is None else lease_ms
-        slot = mgr.enter(self._channel, k[2], ms, self._grant_callback(k, lease_ms),
-                         asyncio.get_running_loop())
+        slot = pubsub.manager(self._sync_client).enter(
+            self._channel, k[2], ms, self._grant_callback(k, lease_ms), asyncio.get_running_loop(),
+            self.key)
+        acquired = False
         try:
             if not slot.confirmed.is_set():
                 # The confirmation arrives on the listener thread; wait for it off the loop.
                 await asyncio.to_thread(slot.confirmed.wait, sub_timeout)
             if park_until:
                 end = park_until if deadline is None else min(park_until, deadline)
-                if await slot.apark(end - time.monotonic()):
-                    return True
-            while True:
+                acquired = await slot.apark(end - time.monotonic())
+            while not acquired:
                 if await slot.abegin_attempt():
-                    return True
-                ttl = await self._attempt(k, lease_ms)
+                    acquired = True
+                    break
+                ttl = await self._attempt(k, lease_ms, claim=True)
                 again = slot.attempted(ttl is None, ttl)
                 if ttl is None:
-                    return True
-                if again:
+                    acquired = True
+                elif again:
                     continue
-                if deadline is not None and time.monotonic() >= deadline:
-                    return False
-                if await slot.apark(self._wait_timeout(ttl, deadline)):
-                    return True
-        except BaseException:
-            if slot.granted:  # handed the lock, but we are unwinding (cancelled): give it back
-                try:
-                    await self.unlock()
-                except Exception:
-                    pass
-            raise
+                elif deadline is not None and time.monotonic() >= deadline:
+                    break
+                else:
+                    acquired = await slot.apark(self._wait_timeout(ttl, deadline))
+            return acquired
         finally:
-            slot.leave()
+            if slot.leave() and not acquired:
+                # Handed the lock just as we gave up (budget spent, cancelled): give it back.
+                self._spawn(acall_once(self._client, RELEASE_SCRIPT, (self.key, self._channel),
+                                       (k[2], ms, UNLOCK_MESSAGE)))
 
     # -- releasing ------------------------------------------------------------------------
     async def unlock(self) -> None:
         """Release one hold of the calling task (see ``RLock.unlock``)."""
         plan = self._release_plan((self._server, self.key, identity.task_owner()))
+        fut = asyncio.ensure_future(acall_once(self._client, RELEASE_SCRIPT,
+                                               (self.key, self._channel), plan.args))
         try:
-            r = await acall_once(self._client, RELEASE_SCRIPT, (self.key, self._channel), plan.args)
+            r = await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            # The release goes on; book its outcome when it lands (hand-off, renewal, echo).
+            fut.add_done_callback(lambda f: self._book(plan, f))
+            raise
         except BaseException:
-            # Cancelled or failed mid-release: in doubt, so renewal stops and the lease decides.
             self._release_failed(plan)
             raise
         orphan = self._release_done(plan, r)
@@ -124,10 +151,23 @@ class AsyncRLock(LockBase):
 
     release = unlock
 
+    def _book(self, plan: Any, fut: asyncio.Future[Any]) -> None:
+        if fut.cancelled() or fut.exception() is not None:
+            self._release_failed(plan)
+            return
+        try:
+            orphan = self._release_done(plan, fut.result())
+        except LockNotOwnedError:
+            return
+        if orphan is not None:
+            self._spawn(acall_once(self._client, RELEASE_SCRIPT, (self.key, self._channel),
+                                   (orphan.owner, orphan.lease_ms, UNLOCK_MESSAGE)))
+
     async def force_unlock(self) -> bool:
         """Delete the lock whoever holds it and wake its waiters. True if a lock was deleted."""
+        before = self._holds_now()
         return self._forced(await acall_once(self._client, FORCE_UNLOCK_SCRIPT,
-                                             (self.key, self._channel), (UNLOCK_MESSAGE,)))
+                                             (self.key, self._channel), (UNLOCK_MESSAGE,)), before)
 
     # -- inspecting -----------------------------------------------------------------------
     async def is_locked(self) -> bool:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable
 from types import TracebackType
@@ -98,8 +99,14 @@ class LockBase:
         wait = check_seconds(wait_time, "wait_time", self.name, zero_ok=True, inf_ok=True)
         return None if math.isinf(wait) else wait
 
-    def _acquire_args(self, k: HoldKey, lease_ms: int | None) -> tuple[Any, ...]:
-        return (self._watchdog_ms if lease_ms is None else lease_ms, k[2])
+    def _acquire_args(self, k: HoldKey, lease_ms: int | None, claim: bool = False) -> tuple[Any, ...]:
+        if lease_ms is None:
+            ms = self._watchdog_ms
+        else:
+            hold = watchdog().get(k)
+            # A lease taken inside a watchdog-mode hold must not cut the key's TTL short.
+            ms = max(lease_ms, hold.lease_ms) if hold is not None and hold.renew else lease_ms
+        return (ms, k[2], "claim") if claim else (ms, k[2])
 
     def _acquired(self, k: HoldKey, lease_ms: int | None) -> None:
         # Registered before the caller hears of it, so no unlock can run ahead of it.
@@ -138,7 +145,7 @@ class LockBase:
         if deadline is not None:
             left = deadline - time.monotonic()
             timeout = left if timeout is None else min(timeout, left)
-        return timeout
+        return None if timeout is None else min(timeout, threading.TIMEOUT_MAX)
 
     # -- release bookkeeping --------------------------------------------------------------
     def _release_plan(self, k: HoldKey) -> _Release:
@@ -148,7 +155,7 @@ class LockBase:
         if hold is None or hold.count <= 1:  # the final release: maybe hand off, maybe publish
             plan.mgr = pubsub.existing_manager(self._sync_client)
             if plan.mgr is not None:
-                plan.heir = plan.mgr.reserve(self._channel)
+                plan.heir = plan.mgr.reserve(self._channel, self.key)
                 plan.echo = plan.mgr.expect_echo(self._channel)
         args: tuple[Any, ...] = (k[2], plan.lease_ms, UNLOCK_MESSAGE)
         if plan.heir is not None:
@@ -180,13 +187,13 @@ class LockBase:
         mgr, heir = plan.mgr, plan.heir
         orphan = None
         if mgr is not None:
-            if plan.echo and not published:
-                mgr.cancel_echo(self._channel)
-            if heir is not None:
-                granted = r == -1
-                if granted and heir.on_grant is not None and not heir.abandoned:
-                    heir.on_grant()
-                if not mgr.resolve(self._channel, heir, granted):
+            try:
+                if plan.echo and not published:
+                    mgr.cancel_echo(self._channel)
+            finally:
+                # Always settled, or the heir would wait for the outcome forever. An unknown
+                # outcome (r None) is "not granted": the heir's own claim finds out.
+                if heir is not None and not mgr.resolve(self._channel, heir, r == -1):
                     orphan = heir  # it left before the hand-off settled: release for it
         if published:
             receivers = r - 1
@@ -200,8 +207,12 @@ class LockBase:
                 _be_polite(self._server, self.key)
         return orphan
 
-    def _forced(self, r: Any) -> bool:
-        watchdog().drop_key(self._server, self.key)
+    def _holds_now(self) -> list[Any]:
+        return watchdog().holds_of(self._server, self.key)
+
+    def _forced(self, r: Any, before: list[Any]) -> bool:
+        # Only the holds that existed before the delete: one taken since is valid.
+        watchdog().drop_holds(before)
         if r:
             mgr = pubsub.existing_manager(self._sync_client)
             if mgr is not None:
@@ -232,8 +243,9 @@ class _Release:
 def _be_polite(server: Any, key: str) -> None:
     if len(_yield_until) > 1024:
         now = time.monotonic()
-        for stale in [k for k, t in _yield_until.items() if t <= now]:
-            del _yield_until[stale]
+        for stale, t in list(_yield_until.items()):  # other threads insert and pop meanwhile
+            if t <= now:
+                _yield_until.pop(stale, None)
     _yield_until[(server, key)] = time.monotonic() + YIELD_WINDOW
 
 
@@ -276,9 +288,10 @@ class RLock(LockBase):
             return self._acquire(None, None)
         return self._acquire(check_seconds(timeout, "timeout", self.name, zero_ok=True), None)
 
-    def _attempt(self, k: HoldKey, lease_ms: int | None) -> int | None:
+    def _attempt(self, k: HoldKey, lease_ms: int | None, claim: bool = False) -> int | None:
         """One acquire round trip: None when acquired, else the holder's PTTL in ms."""
-        ttl = call_once(self._client, ACQUIRE_SCRIPT, (self.key,), self._acquire_args(k, lease_ms))
+        ttl = call_once(self._client, ACQUIRE_SCRIPT, (self.key,),
+                        self._acquire_args(k, lease_ms, claim))
         if ttl is None:
             self._acquired(k, lease_ms)
             return None
@@ -298,35 +311,41 @@ class RLock(LockBase):
               park_until: float) -> bool:
         deadline = None if wait is None else time.monotonic() + wait
         sub_timeout = SUBSCRIBE_TIMEOUT if wait is None else min(SUBSCRIBE_TIMEOUT, wait)
-        mgr = pubsub.manager(self._client)
         ms = self._watchdog_ms if lease_ms is None else lease_ms
-        with mgr.waiting(self._channel, sub_timeout, k[2], ms,
-                         self._grant_callback(k, lease_ms)) as slot:
-            try:
-                if park_until:
-                    end = park_until if deadline is None else min(park_until, deadline)
-                    if slot.park(end - time.monotonic()):
-                        return True
-                while True:
-                    if slot.begin_attempt():
-                        return True
-                    ttl = self._attempt(k, lease_ms)
-                    again = slot.attempted(ttl is None, ttl)
-                    if ttl is None:
-                        return True
-                    if again:
-                        continue
-                    if deadline is not None and time.monotonic() >= deadline:
-                        return False
-                    if slot.park(self._wait_timeout(ttl, deadline)):
-                        return True
-            except BaseException:
-                if slot.granted:  # handed the lock, but we are unwinding: give it back
-                    try:
-                        self.unlock()
-                    except Exception:
-                        pass
-                raise
+        slot = pubsub.manager(self._client).enter(
+            self._channel, k[2], ms, self._grant_callback(k, lease_ms), None, self.key)
+        acquired = False
+        try:
+            if not slot.confirmed.is_set():
+                # If the subscription cannot be confirmed in time the waits below are still
+                # bounded by the holder's PTTL; we only lose the early wake-up.
+                slot.confirmed.wait(sub_timeout)
+            if park_until:
+                end = park_until if deadline is None else min(park_until, deadline)
+                acquired = slot.park(end - time.monotonic())
+            while not acquired:
+                if slot.begin_attempt():
+                    acquired = True
+                    break
+                # A waiter never holds the lock: if its field is there, it was handed to it.
+                ttl = self._attempt(k, lease_ms, claim=True)
+                again = slot.attempted(ttl is None, ttl)
+                if ttl is None:
+                    acquired = True
+                elif again:
+                    continue
+                elif deadline is not None and time.monotonic() >= deadline:
+                    break
+                else:
+                    acquired = slot.park(self._wait_timeout(ttl, deadline))
+            return acquired
+        finally:
+            if slot.leave() and not acquired:
+                # Handed the lock just as we gave up (budget spent, or an exception): back.
+                try:
+                    self.unlock()
+                except Exception:
+                    pass
 
     # -- releasing ------------------------------------------------------------------------
     def unlock(self) -> None:
@@ -352,8 +371,9 @@ class RLock(LockBase):
 
     def force_unlock(self) -> bool:
         """Delete the lock whoever holds it and wake its waiters. True if a lock was deleted."""
+        before = self._holds_now()
         return self._forced(call_once(self._client, FORCE_UNLOCK_SCRIPT, (self.key, self._channel),
-                                      (UNLOCK_MESSAGE,)))
+                                      (UNLOCK_MESSAGE,)), before)
 
     # -- inspecting -----------------------------------------------------------------------
     def is_locked(self) -> bool:

@@ -34,6 +34,7 @@ LINGER = 2.0
 #: Seconds between housekeeping passes (lingering unsubscribes, a PING on a quiet line).
 _HOUSEKEEPING = 1.0
 _PING_AFTER = 30.0
+_PONG_TIMEOUT = 5.0
 
 
 class Waiter:
@@ -45,11 +46,11 @@ class Waiter:
     """
 
     __slots__ = ("_park", "_loop", "_event", "signaled", "reserved", "granted", "abandoned",
-                 "attempting", "owner", "lease_ms", "on_grant")
+                 "attempting", "key", "owner", "lease_ms", "on_grant")
 
     def __init__(self, owner: str = "", lease_ms: int = 0,
                  on_grant: Callable[[], None] | None = None,
-                 loop: asyncio.AbstractEventLoop | None = None) -> None:
+                 loop: asyncio.AbstractEventLoop | None = None, key: str = "") -> None:
         self._loop = loop
         if loop is None:
             self._park = threading.Lock()
@@ -61,6 +62,7 @@ class Waiter:
         self.granted = False
         self.abandoned = False
         self.attempting = False  # its own acquire is in flight: not a hand-off candidate
+        self.key = key  # channels are shared by {K} and K: a hand-off must match the key
         self.owner = owner
         self.lease_ms = lease_ms
         self.on_grant = on_grant
@@ -69,7 +71,7 @@ class Waiter:
         if timeout is None:
             self._park.acquire()
         elif timeout > 0:
-            self._park.acquire(timeout=timeout)
+            self._park.acquire(timeout=min(timeout, threading.TIMEOUT_MAX))
         else:
             self._park.acquire(blocking=False)
 
@@ -82,21 +84,27 @@ class Waiter:
         # No await between the wake and this clear: a wake cannot slip in and be lost.
         self._event.clear()
 
-    def _unpark(self) -> None:
+    def _unpark(self) -> bool:
+        """Wake it; False if it is gone (its event loop closed under it)."""
         if self._loop is not None:
             try:
                 self._loop.call_soon_threadsafe(self._event.set)
             except RuntimeError:  # its loop is closed: the waiter is gone
-                pass
-            return
+                self.abandoned = True
+                return False
+            return True
         try:
             self._park.release()
         except RuntimeError:  # already released: a wake is pending anyway
             pass
+        return True
 
-    def _signal(self) -> None:
+    def _signal(self) -> bool:
         self.signaled = True
-        self._unpark()
+        if self._unpark():
+            return True
+        self.signaled = False
+        return False
 
 
 class Channel:
@@ -123,14 +131,18 @@ class Channel:
     def wake_one(self) -> None:
         if self.active > 0:
             self.pending = True
-        elif self.queue:
+            return
+        while self.queue:
             self.active += 1
-            self.queue.popleft()._signal()
+            if self.queue.popleft()._signal():
+                return
+            self.active -= 1  # a waiter whose event loop is gone: try the next
 
     def wake_all(self) -> None:
         while self.queue:
             self.active += 1
-            self.queue.popleft()._signal()
+            if not self.queue.popleft()._signal():
+                self.active -= 1
 
 
 class Slot:
@@ -225,7 +237,8 @@ class Slot:
                     pass
             return False
 
-    def leave(self) -> None:
+    def leave(self) -> bool:
+        """Leave the queue. True if a hand-off gave us the lock (the caller owns it now)."""
         ch, w = self.channel, self._waiter
         with self._mgr._lock:
             if w.reserved:
@@ -243,6 +256,7 @@ class Slot:
             ch.refs -= 1
             if ch.refs == 0:
                 ch.idle_since = time.monotonic()
+            return w.granted
 
 
 class PubSubManager:
@@ -258,6 +272,7 @@ class PubSubManager:
         self._acked: dict[bytes, int] = {}
         self._thread: threading.Thread | None = None
         self._last_io = time.monotonic()
+        self._ping_at = 0.0  # when a PING went out that no reply has followed yet
         #: Reconnections so far (read by tests).
         self.reconnects = 0
 
@@ -278,7 +293,7 @@ class PubSubManager:
             if ch is not None:
                 ch.wake_one()
 
-    def reserve(self, channel: bytes) -> Waiter | None:
+    def reserve(self, channel: bytes, key: str) -> Waiter | None:
         """Pick this process's first waiter for a direct hand-off by a releasing thread.
 
         Only when the subscription is confirmed, so the release script's NUMSUB counts us
@@ -287,7 +302,8 @@ class PubSubManager:
         with self._lock:
             ch = self._channels.get(channel)
             if (ch is None or not ch.queue or ch.active or not self._connected
-                    or not ch.confirmed.is_set() or ch.queue[0].attempting):
+                    or not ch.confirmed.is_set() or ch.queue[0].attempting
+                    or ch.queue[0].key != key):
                 return None
             w = ch.queue.popleft()
             w.reserved = True
@@ -307,11 +323,15 @@ class PubSubManager:
                         ch.wake_one()
                 return not granted
             if granted:
-                w.granted = True
                 if ch is not None:
                     ch.active -= 1
                     ch.pending = False
-                w._unpark()
+                # The waiter acts only under our lock, so the order within it is free.
+                if not w._unpark():
+                    return False  # its event loop is gone: release on its behalf
+                if w.on_grant is not None:
+                    w.on_grant()  # registered while the waiter cannot yet leave or return
+                w.granted = True
             else:
                 # Released the ordinary way (or not at all): this waiter retries first.
                 w._signal()
@@ -327,10 +347,16 @@ class PubSubManager:
             return True
 
     def cancel_echo(self, channel: bytes) -> None:
+        """The release published nothing. If a message already used up its credit, that
+        message was someone else's wake-up: pass it on."""
         with self._lock:
             ch = self._channels.get(channel)
-            if ch is not None and ch.echoes > 0:
+            if ch is None:
+                return
+            if ch.echoes > 0:
                 ch.echoes -= 1
+            else:
+                ch.wake_one()
 
     def expires_hint(self, channel: bytes) -> float:
         ch = self._channels.get(channel)
@@ -338,13 +364,13 @@ class PubSubManager:
 
     def enter(self, channel: bytes, owner: str = "", lease_ms: int = 0,
               on_grant: Callable[[], None] | None = None,
-              loop: asyncio.AbstractEventLoop | None = None) -> Slot:
+              loop: asyncio.AbstractEventLoop | None = None, key: str = "") -> Slot:
         """Join the channel's queue, subscribing if needed. Pair with ``Slot.leave()``.
 
         ``owner``, ``lease_ms`` and ``on_grant`` let a releasing thread of this process hand
         the lock straight to this waiter (see ``reserve``).
         """
-        w = Waiter(owner, lease_ms, on_grant, loop)
+        w = Waiter(owner, lease_ms, on_grant, loop, key)
         with self._lock:
             ch = self._channels.get(channel)
             if ch is None:
@@ -395,8 +421,9 @@ class PubSubManager:
                 # DJANGO_REDIS_CLOSE_CONNECTION) must not cut every waiter's subscription.
                 pool = self._client.connection_pool
                 # Named, so that CLIENT LIST shows whose subscription this is.
+                db = pool.connection_kwargs.get("db", 0)
                 self._conn = pool.connection_class(**{**pool.connection_kwargs,
-                                                      "client_name": subscriber_name()})
+                                                      "client_name": subscriber_name(db)})
             else:
                 self._conn.disconnect()
             self._conn.connect()
@@ -450,6 +477,7 @@ class PubSubManager:
 
     def _dispatch(self, reply: Any) -> None:
         self._last_io = time.monotonic()
+        self._ping_at = 0.0
         if not isinstance(reply, list) or len(reply) < 2:
             return
         kind = reply[0]
@@ -480,6 +508,13 @@ class PubSubManager:
         with self._lock:
             if not self._connected:
                 return
+            if self._ping_at and now - self._ping_at >= _PONG_TIMEOUT:
+                # A half-open connection (NAT or firewall dropped it) reads nothing forever.
+                logger.warning("django-rlock: pub/sub connection silent after PING; reconnecting")
+                self._ping_at = 0.0
+                self._connected = False
+                self._conn.disconnect()
+                return
             idle = [ch for ch in self._channels.values()
                     if ch.refs == 0 and now - ch.idle_since >= LINGER]
             for ch in idle:
@@ -489,9 +524,9 @@ class PubSubManager:
                     self._conn.send_command("UNSUBSCRIBE", *[ch.name for ch in idle],
                                             check_health=False)
                     self._last_io = now
-                elif self._channels and now - self._last_io >= _PING_AFTER:
+                elif self._channels and not self._ping_at and now - self._last_io >= _PING_AFTER:
                     self._conn.send_command("PING", check_health=False)
-                    self._last_io = now
+                    self._ping_at = now
             except Exception:
                 self._connected = False
                 self._conn.disconnect()
@@ -504,15 +539,15 @@ _managers: dict[tuple[Any, ...], PubSubManager] = {}
 _managers_lock = threading.Lock()
 
 
-def subscriber_name() -> str:
-    """The CLIENT SETNAME of this process's subscription connections."""
-    return f"rlock-pubsub:{identity.process_id()}"
+def subscriber_name(db: Any = 0) -> str:
+    """The CLIENT SETNAME of this process's subscription connection for database ``db``."""
+    return f"rlock-pubsub:{identity.process_id()}:{db}"
 
 
 def _server(client: Any) -> tuple[Any, ...]:
-    # Pub/sub channels are server-wide, not per database: one subscription serves every db.
-    sid = server_id(client)
-    return sid[:5] + sid[6:] if len(sid) == 7 else sid
+    # Per database: the channel names a key but not its database, so a queue shared by two
+    # databases could hand one database's lock to a waiter for the other's.
+    return server_id(client)
 
 
 def manager(client: Any) -> PubSubManager:

@@ -13,9 +13,15 @@ from typing import Any
 
 from redis.exceptions import NoScriptError, ResponseError
 
-# KEYS[1] lock hash; ARGV[1] lease ms, ARGV[2] owner field.
+# KEYS[1] lock hash; ARGV[1] lease ms, ARGV[2] owner field; ARGV[3] (optional) "claim".
 # Reply: nil = acquired (new or reentrant); a number = the holder's PTTL (-1: no expiry).
+# "claim" is sent by waiters, who never hold the lock: if their field is there, a releasing
+# thread handed the lock to them, so it is taken as is, never counted twice.
 ACQUIRE = """
+if ARGV[3] and redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
+  redis.call('pexpire', KEYS[1], ARGV[1])
+  return nil
+end
 if redis.call('exists', KEYS[1]) == 0 or redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
   redis.call('hincrby', KEYS[1], ARGV[2], 1)
   redis.call('pexpire', KEYS[1], ARGV[1])

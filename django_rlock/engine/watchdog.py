@@ -149,13 +149,27 @@ class Watchdog:
         with self._lock:
             self._holds.pop(k, None)
 
-    def drop_key(self, server: tuple[Any, ...], key: str) -> None:
-        """A force-unlock deleted ``key``: this process's holds of it are lost, not renewed."""
+    def holds_of(self, server: tuple[Any, ...], key: str) -> list[tuple[HoldKey, Hold]]:
         with self._lock:
-            for k in [k for k in self._holds if k[0] == server and k[1] == key]:
-                hold = self._holds.pop(k)
-                hold.lost = True
-                self._lost[k] = hold
+            return [(k, h) for k, h in self._holds.items() if k[0] == server and k[1] == key]
+
+    def drop_holds(self, holds: list[tuple[HoldKey, Hold]]) -> None:
+        """A force-unlock deleted these holds' key: they are lost (their owners are told)."""
+        dropped = []
+        with self._lock:
+            for k, hold in holds:
+                if self._holds.get(k) is hold:  # not one acquired after the delete
+                    del self._holds[k]
+                    self._remember_lost(k, hold)
+                    dropped.append(hold)
+        for hold in dropped:
+            self._tell_lost(hold, "force-unlocked")
+
+    def _remember_lost(self, k: HoldKey, hold: Hold) -> None:
+        hold.lost = True
+        if len(self._lost) >= _MAX_LOST:
+            self._lost.pop(next(iter(self._lost)))
+        self._lost[k] = hold
 
     def is_lost(self, k: HoldKey) -> bool:
         hold = self._holds.get(k)
@@ -211,9 +225,13 @@ class Watchdog:
         for group in by_server.values():
             try:
                 results = self._renew_on(group[0].client, group)
-            except Exception as exc:  # never let the thread die: retry at the next tick
-                logger.warning("django-rlock: could not renew %d lock(s) (%s: %s); retrying at the "
-                               "next tick", len(group), type(exc).__name__, exc)
+            except Exception as exc:  # never let the thread die; retry soon, not a period later
+                logger.warning("django-rlock: could not renew %d lock(s) (%s: %s); retrying",
+                               len(group), type(exc).__name__, exc)
+                retry_at = time.monotonic() + 1.0
+                with self._lock:
+                    for h in group:
+                        h.due = min(h.due, retry_at + h.period / 2)
                 continue
             for h, ok in zip(group, results, strict=False):
                 if not ok:
@@ -250,13 +268,13 @@ class Watchdog:
         with self._lock:
             if self._holds.get(k) is not h:
                 return  # released (or released and taken again) while the renewal ran
-            h.lost = True
             del self._holds[k]
-            if len(self._lost) >= _MAX_LOST:
-                self._lost.pop(next(iter(self._lost)))
-            self._lost[k] = h
-        logger.warning("django-rlock: lock %r (key %r) was lost: it expired or was force-unlocked "
-                       "while held by %s; it is no longer renewed", h.name, h.key, h.owner)
+            self._remember_lost(k, h)
+        self._tell_lost(h, "expired or was force-unlocked")
+
+    def _tell_lost(self, h: Hold, how: str) -> None:
+        logger.warning("django-rlock: lock %r (key %r) was lost: it %s while held by %s; it is "
+                       "no longer renewed", h.name, h.key, how, h.owner)
         if h.on_lost is not None:
             try:
                 h.on_lost(h.name)

@@ -217,3 +217,23 @@ def test_bad_input_before_any_command(ar, r):
 
 def test_sync_twin_is_the_same_server(ar, r):
     assert server_id(sync_twin(ar)) == server_id(r)
+
+
+def test_a_cancelled_acquire_that_lands_later_is_given_back(own_server):
+    admin = own_server.client()
+    ar = redis.asyncio.Redis(unix_socket_path=own_server.socket)
+
+    async def main():
+        lock = AsyncRLock(ar, "late")
+        assert await lock.try_lock()  # loads the script, then free it again
+        await lock.unlock()
+        admin.client_pause(600, all=False)  # the next acquire waits in the server
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.1):
+                await lock.try_lock()
+        await asyncio.sleep(1.2)  # the pause ends, the acquire runs, and is given back
+        assert not admin.exists("late")
+        await ar.aclose()
+
+    run(main())
+    admin.close()

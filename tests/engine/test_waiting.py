@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from django_rlock import RLock
 from django_rlock.engine import pubsub
 from tests.conftest import script_calls
@@ -225,3 +227,33 @@ def test_no_hand_off_while_another_process_waits(r, holders):
     assert ok
     waiter.call(lock.unlock)
     other.close()
+
+
+@pytest.mark.parametrize("case", ["other database", "braced key"])
+def test_hand_off_never_crosses_databases_or_shared_channels(redis_server, r, holders, case):
+    """{K} and K share a channel, and a channel names no database: a release of one lock
+    must never hand another lock's waiter a lock (two holders)."""
+    name = "cx1" if case == "other database" else "cx2"  # separate channels per case
+    client = redis_server.client(db=3) if case == "other database" else r
+    key = name if case == "other database" else "{" + name + "}"
+    client.delete(key)
+    client.hset(key, "another-process:1", 1)  # held elsewhere for the test's length
+    client.pexpire(key, 60_000)
+    mine = RLock(r, name)
+    holder = holders()
+    holder.call(mine.lock)
+    waiter = holders().submit(lambda: timed_lock(RLock(client, key), wait_time=1.5))
+    time.sleep(0.5)
+    holder.call(mine.unlock)
+    assert waiter(10)[0] is False
+    assert not r.exists(name)  # freed, not handed to a waiter of another lock
+    assert client.hkeys(key) == [b"another-process:1"]
+
+
+def test_a_waiters_claim_never_counts_a_handed_lock_twice(r):
+    from django_rlock.engine.scripts import ACQUIRE_SCRIPT, call_once
+
+    r.hset("claimed", "me:1", 1)  # handed to "me" by a release whose reply was lost
+    assert call_once(r, ACQUIRE_SCRIPT, ("claimed",), (5000, "me:1", "claim")) is None
+    assert call_once(r, ACQUIRE_SCRIPT, ("claimed",), (5000, "me:1", "claim")) is None
+    assert r.hget("claimed", "me:1") == b"1" and 4000 < r.pttl("claimed") <= 5000
