@@ -9,6 +9,7 @@ reach the server through a sync twin of the client (``clients.sync_twin``) unles
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from types import TracebackType
@@ -19,8 +20,16 @@ from .clients import sync_twin
 from .errors import LockNotOwnedError
 from .lock import SUBSCRIBE_TIMEOUT, HoldKey, LockBase, log_masked_release, ttl_seconds
 from .naming import UNLOCK_MESSAGE
-from .scripts import ACQUIRE_SCRIPT, FORCE_UNLOCK_SCRIPT, RELEASE_SCRIPT, acall_once
-from .watchdog import server_id
+from .scripts import (
+    ACQUIRE_SCRIPT,
+    FORCE_UNLOCK_OWNER_SCRIPT,
+    FORCE_UNLOCK_SCRIPT,
+    RELEASE_SCRIPT,
+    acall_once,
+)
+from .watchdog import server_id, watchdog
+
+logger = logging.getLogger("django_rlock")
 
 #: Give-back and booking tasks started from callbacks: kept alive until they finish.
 _background: set[asyncio.Future[Any]] = set()
@@ -43,6 +52,31 @@ class AsyncRLock(LockBase):
 
     def _owner(self) -> str:
         return identity.task_owner()
+
+    def _acquired(self, k: HoldKey, lease_ms: int | None, task: Any = None) -> None:
+        super()._acquired(k, lease_ms)
+        hold = watchdog().get(k)
+        if task is None:
+            task = asyncio.current_task()
+        if hold is not None and hold.count == 1 and task is not None:
+            task.add_done_callback(lambda _: self._task_done(k, hold))
+
+    def _grant_callback(self, k: HoldKey, lease_ms: int | None) -> Callable[[], None]:
+        # A grant runs on the releasing thread or task: watch the waiter's own task.
+        task = asyncio.current_task()
+        return lambda: self._acquired(k, lease_ms, task)
+
+    def _task_done(self, k: HoldKey, hold: Any) -> None:
+        """Its owner task finished while still holding: nobody can ever release it as that
+        owner (task numbers are never reused), so it would be renewed forever."""
+        if watchdog().get(k) is not hold or hold.lost:
+            return
+        logger.warning("django-rlock: the task that held %r finished without unlocking it (was "
+                       "lock() run inside asyncio.wait_for() or shield()? they run it in a task "
+                       "of their own); releasing it", self.name)
+        watchdog().forget(k)
+        self._spawn(acall_once(self._client, FORCE_UNLOCK_OWNER_SCRIPT, (self.key, self._channel),
+                               (k[2], UNLOCK_MESSAGE)))
 
     # -- acquiring ------------------------------------------------------------------------
     async def lock(self, lease_time: float | None = None) -> None:

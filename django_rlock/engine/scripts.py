@@ -79,6 +79,18 @@ return 0
 """
 
 
+# KEYS[1] lock hash, KEYS[2] channel; ARGV[1] owner, ARGV[2] message. Drops every hold of one
+# owner that can never release it (its task is gone). Reply: 1 deleted, 0 not held by it.
+FORCE_UNLOCK_OWNER = """
+if redis.call('hexists', KEYS[1], ARGV[1]) == 1 then
+  redis.call('del', KEYS[1])
+  redis.call('publish', KEYS[2], ARGV[2])
+  return 1
+end
+return 0
+"""
+
+
 class Script:
     """A Lua source with its SHA1, computed locally so no SCRIPT LOAD round trip is needed."""
 
@@ -96,6 +108,7 @@ ACQUIRE_SCRIPT = Script(ACQUIRE)
 RELEASE_SCRIPT = Script(RELEASE)
 RENEW_SCRIPT = Script(RENEW)
 FORCE_UNLOCK_SCRIPT = Script(FORCE_UNLOCK)
+FORCE_UNLOCK_OWNER_SCRIPT = Script(FORCE_UNLOCK_OWNER)
 
 
 def _send_once(conn: Any, args: tuple[Any, ...]) -> Any:

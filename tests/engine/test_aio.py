@@ -237,3 +237,20 @@ def test_a_cancelled_acquire_that_lands_later_is_given_back(own_server):
 
     run(main())
     admin.close()
+
+
+def test_a_hold_left_by_a_finished_task_is_released(ar, r, caplog):
+    """asyncio.wait_for (3.11) runs lock() in a task of its own: that task owns the lock and
+    ends at once. Its hold must not be renewed forever."""
+
+    async def main():
+        lock = AsyncRLock(ar, "orphan", watchdog_timeout=1.0)
+        await asyncio.wait_for(lock.lock(), 5)
+        with pytest.raises(LockNotOwnedError):
+            await lock.unlock()  # we are not the task that took it
+        await asyncio.sleep(0.3)
+        assert not await lock.is_locked()
+        await ar.aclose()
+
+    run(main())
+    assert any("finished without unlocking" in rec.getMessage() for rec in caplog.records)
