@@ -131,14 +131,18 @@ class AsyncRLock(LockBase):
         deadline = None if wait is None else time.monotonic() + wait
         sub_timeout = SUBSCRIBE_TIMEOUT if wait is None else min(SUBSCRIBE_TIMEOUT, wait)
         ms = self._watchdog_ms if lease_ms is None else lease_ms
-        slot = pubsub.manager(self._sync_client).enter(
-            self._channel, k[2], ms, self._grant_callback(k, lease_ms), asyncio.get_running_loop(),
-            self.key)
+        mgr = pubsub.manager(self._sync_client)
+        loop = asyncio.get_running_loop()
+        slot = mgr.enter(self._channel, k[2], ms, self._grant_callback(k, lease_ms), loop, self.key)
         acquired = False
         try:
-            if not slot.confirmed.is_set():
-                # The confirmation arrives on the listener thread; wait for it off the loop.
-                await asyncio.to_thread(slot.confirmed.wait, sub_timeout)
+            confirmed = mgr.confirmation(slot, loop)
+            if confirmed is not None:
+                # If it cannot be confirmed in time, waits are still bounded by the PTTL.
+                try:
+                    await asyncio.wait_for(confirmed, sub_timeout)
+                except TimeoutError:
+                    pass
             if park_until:
                 end = park_until if deadline is None else min(park_until, deadline)
                 acquired = await slot.apark(end - time.monotonic())

@@ -111,7 +111,7 @@ class Channel:
     """The waiters of one lock channel in this process."""
 
     __slots__ = ("name", "queue", "active", "pending", "refs", "want", "confirmed",
-                 "idle_since", "expires_hint", "echoes")
+                 "idle_since", "expires_hint", "echoes", "confirm_futures")
 
     def __init__(self, name: bytes) -> None:
         self.name = name
@@ -124,6 +124,16 @@ class Channel:
         self.idle_since = 0.0
         self.expires_hint = 0.0    # monotonic time the holder's lease was last seen to end
         self.echoes = 0            # our own unlock messages still to come back: not wake-ups
+        self.confirm_futures: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+
+    def set_confirmed(self) -> None:
+        self.confirmed.set()
+        for loop, fut in self.confirm_futures:
+            try:
+                loop.call_soon_threadsafe(_resolve, fut)
+            except RuntimeError:  # that loop is closed
+                pass
+        self.confirm_futures.clear()
 
     def busy(self) -> bool:
         return bool(self.queue) or self.active > 0
@@ -143,6 +153,11 @@ class Channel:
             self.active += 1
             if not self.queue.popleft()._signal():
                 self.active -= 1
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 class Slot:
@@ -337,6 +352,19 @@ class PubSubManager:
                 w._signal()
             return True
 
+    def confirmation(self, slot: Slot, loop: asyncio.AbstractEventLoop) -> asyncio.Future[None] | None:
+        """A future resolved when the slot's subscription is confirmed (None: it already is).
+
+        Lets asyncio waiters wait for it on their loop, not on an executor thread each.
+        """
+        with self._lock:
+            ch = slot.channel
+            if ch.confirmed.is_set():
+                return None
+            fut: asyncio.Future[None] = loop.create_future()
+            ch.confirm_futures.append((loop, fut))
+            return fut
+
     def expect_echo(self, channel: bytes) -> bool:
         """A release that may publish is about to be sent: its message is not a wake-up."""
         with self._lock:
@@ -414,19 +442,22 @@ class PubSubManager:
         self._last_io = time.monotonic()
 
     def _connect(self) -> None:
+        # A connection of our own, outside the pool: pool.disconnect() (client.close(),
+        # DJANGO_REDIS_CLOSE_CONNECTION) must not cut every waiter's subscription. Named, so
+        # CLIENT LIST shows whose it is. Connected outside our lock: a dead network may block
+        # here, and every lock and unlock of the process takes that lock.
+        pool = self._client.connection_pool
+        db = pool.connection_kwargs.get("db", 0)
+        conn = pool.connection_class(**{**pool.connection_kwargs, "client_name": subscriber_name(db)})
+        conn.connect()
         with self._lock:
-            first = self._conn is None
-            if first:
-                # A connection of our own, outside the pool: pool.disconnect() (client.close(),
-                # DJANGO_REDIS_CLOSE_CONNECTION) must not cut every waiter's subscription.
-                pool = self._client.connection_pool
-                # Named, so that CLIENT LIST shows whose subscription this is.
-                db = pool.connection_kwargs.get("db", 0)
-                self._conn = pool.connection_class(**{**pool.connection_kwargs,
-                                                      "client_name": subscriber_name(db)})
-            else:
-                self._conn.disconnect()
-            self._conn.connect()
+            old, self._conn = self._conn, conn
+            first = old is None
+            if old is not None:
+                try:
+                    old.disconnect()
+                except Exception:
+                    pass
             self._sent.clear()
             self._acked.clear()
             names = list(self._channels)
@@ -498,7 +529,7 @@ class PubSubManager:
                 n = self._acked[name] = self._acked.get(name, 0) + 1
                 ch = self._channels.get(name)
                 if ch is not None and n >= ch.want:
-                    ch.confirmed.set()
+                    ch.set_confirmed()
             elif (kind == b"unsubscribe" and name not in self._channels
                   and self._acked.get(name, 0) >= self._sent.get(name, 0)):
                 self._acked.pop(name, None)
