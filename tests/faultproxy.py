@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 
 
 class FaultProxy:
     def __init__(self, upstream_socket: str) -> None:
         self.upstream = upstream_socket
         self.swallow_replies = threading.Event()
+        self.delay_next_reply = 0.0  # seconds to hold back the next reply (once)
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.bind(("127.0.0.1", 0))
         self._listener.listen(16)
@@ -43,6 +45,9 @@ class FaultProxy:
                 if replies and self.swallow_replies.is_set():
                     self.swallow_replies.clear()  # lose this one reply, like a dropped packet
                     continue
+                if replies and self.delay_next_reply:
+                    delay, self.delay_next_reply = self.delay_next_reply, 0.0
+                    time.sleep(delay)  # a slow network: the command ran, its reply is late
                 dst.sendall(data)
         except OSError:
             pass

@@ -95,12 +95,30 @@ class AsyncRLock(LockBase):
             # Cancelling the caller must not cancel a round trip Redis may already have run.
             ttl = await asyncio.shield(fut)
         except asyncio.CancelledError:
-            fut.add_done_callback(lambda f: self._give_back(f, k[2]))
+            await self._undo_cancelled(fut, k[2])
             raise
         if ttl is None:
             self._acquired(k, lease_ms)
             return None
         return int(ttl)
+
+    async def _undo_cancelled(self, fut: asyncio.Future[Any], owner: str) -> None:
+        """The caller was cancelled with an acquire in flight. Wait for it (one round trip)
+        and, if it took the lock, give it back ourselves before the cancellation goes on: a
+        release sent later could undo this owner's next, legitimate acquire."""
+        try:
+            ttl = await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            fut.add_done_callback(lambda f: self._give_back(f, owner))  # cancelled twice
+            return
+        except Exception:
+            return
+        if ttl is None:
+            try:
+                await acall_once(self._client, RELEASE_SCRIPT, (self.key, self._channel),
+                                 (owner, self._watchdog_ms, UNLOCK_MESSAGE))
+            except BaseException:
+                pass
 
     def _give_back(self, fut: asyncio.Future[Any], owner: str) -> None:
         """An acquire that landed after its caller was cancelled: nobody knows it holds the
@@ -162,10 +180,13 @@ class AsyncRLock(LockBase):
                     acquired = await slot.apark(self._wait_timeout(ttl, deadline))
             return acquired
         finally:
-            if slot.leave() and not acquired:
-                # Handed the lock just as we gave up (budget spent, cancelled): give it back.
-                self._spawn(acall_once(self._client, RELEASE_SCRIPT, (self.key, self._channel),
-                                       (k[2], ms, UNLOCK_MESSAGE)))
+            if await slot.aleave() and not acquired:
+                # Handed the lock just as we gave up (budget spent, cancelled): give it back
+                # ourselves, now, as its owner.
+                try:
+                    await self.unlock()
+                except Exception:
+                    pass
 
     # -- releasing ------------------------------------------------------------------------
     async def unlock(self) -> None:

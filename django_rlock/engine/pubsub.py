@@ -253,25 +253,51 @@ class Slot:
             return False
 
     def leave(self) -> bool:
-        """Leave the queue. True if a hand-off gave us the lock (the caller owns it now)."""
+        """Leave the queue. True if a hand-off gave us the lock: the caller owns it now and
+        must give it back itself, before it acquires anything again (nobody else releases on
+        an owner's behalf, or a later acquire of that owner could be the one released)."""
+        w = self._waiter
+        while True:
+            with self._mgr._lock:
+                if not w.reserved:
+                    return self._leave_locked()
+            w.park(None)  # a hand-off to us is in flight: its outcome comes within one round trip
+
+    async def aleave(self) -> bool:
+        """``leave`` for an asyncio waiter."""
+        w = self._waiter
+        while True:
+            with self._mgr._lock:
+                if not w.reserved:
+                    return self._leave_locked()
+            try:
+                await w.apark(None)
+            except BaseException:
+                with self._mgr._lock:  # cancelled again: the releasing thread undoes it
+                    if w.reserved:
+                        w.abandoned = True
+                        self._leave_locked()
+                        raise
+                    return self._leave_locked()
+
+    def _leave_locked(self) -> bool:
         ch, w = self.channel, self._waiter
-        with self._mgr._lock:
-            if w.reserved:
-                w.abandoned = True  # the releasing thread will undo a hand-off to us
-            elif w.signaled:
-                # Woken but leaving (budget spent, interrupted): hand the wake on.
-                w.signaled = False
-                ch.active -= 1
-                ch.wake_one()
-            else:
-                try:
-                    ch.queue.remove(w)
-                except ValueError:
-                    pass
-            ch.refs -= 1
-            if ch.refs == 0:
-                ch.idle_since = time.monotonic()
-            return w.granted
+        if w.reserved:
+            pass  # abandoned (cancelled twice): the releasing thread settles it
+        elif w.signaled:
+            # Woken but leaving (budget spent, interrupted): hand the wake on.
+            w.signaled = False
+            ch.active -= 1
+            ch.wake_one()
+        else:
+            try:
+                ch.queue.remove(w)
+            except ValueError:
+                pass
+        ch.refs -= 1
+        if ch.refs == 0:
+            ch.idle_since = time.monotonic()
+        return w.granted
 
 
 class PubSubManager:

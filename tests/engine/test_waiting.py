@@ -6,8 +6,9 @@ import threading
 import time
 
 import pytest
+import redis
 
-from django_rlock import RLock
+from django_rlock import LockNotOwnedError, RLock
 from django_rlock.engine import pubsub
 from tests.conftest import script_calls
 
@@ -257,3 +258,42 @@ def test_a_waiters_claim_never_counts_a_handed_lock_twice(r):
     assert call_once(r, ACQUIRE_SCRIPT, ("claimed",), (5000, "me:1", "claim")) is None
     assert call_once(r, ACQUIRE_SCRIPT, ("claimed",), (5000, "me:1", "claim")) is None
     assert r.hget("claimed", "me:1") == b"1" and 4000 < r.pttl("claimed") <= 5000
+
+
+def test_a_waiter_that_gives_up_during_a_hand_off_gives_it_back_itself(redis_server, r, holders):
+    """The releaser's reply is late: the heir's budget ends while the hand-off is in flight.
+    The heir waits for the outcome (one round trip) instead of leaving the hand-off to be
+    undone later on its behalf, so no hold it believes it has is ever released by another."""
+    from tests.faultproxy import FaultProxy
+
+    proxy = FaultProxy(redis_server.socket)
+    slow = redis.Redis(port=proxy.port)
+    releaser_lock = RLock(slow, "aba")
+    heir_lock = RLock(r, "aba")
+    releaser, heir, other = holders(), holders(), holders()
+    releaser.call(releaser_lock.lock)
+    first = heir.submit(lambda: heir_lock.try_lock(wait_time=0.6))
+    time.sleep(0.3)
+    third = other.submit(lambda: timed_lock(RLock(r, "aba"), wait_time=5))  # queued behind
+    proxy.delay_next_reply = 0.8  # the release runs now; its reply comes after the heir gave up
+    releaser.call(releaser_lock.unlock)
+
+    # It either waited out the in-flight hand-off and holds the lock (True), or gave up and
+    # takes it again now; either way nobody may take the lock from it while it is inside.
+    got = first(5)
+
+    def again() -> str:
+        if not got and not heir_lock.try_lock(wait_time=3):
+            return "not acquired"
+        time.sleep(0.5)
+        try:
+            heir_lock.unlock()
+        except LockNotOwnedError:
+            return "lost"
+        return "ok"
+
+    assert heir.call(again, timeout=10) == "ok"
+    assert third(10)[0] is True
+    other.call(lambda: RLock(r, "aba").unlock())
+    proxy.close()
+    slow.close()
