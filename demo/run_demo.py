@@ -141,7 +141,7 @@ def main() -> int:
         return 1
     except KeyboardInterrupt:
         print("\nstopping...", flush=True)
-        return 130 if Signals.received == signal.SIGINT else 143
+        return 0 if Signals.received == signal.SIGINT else 143  # Ctrl-C is how a demo ends
     except (DemoError, subprocess.CalledProcessError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
