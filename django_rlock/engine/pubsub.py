@@ -170,25 +170,45 @@ class Slot:
         self.channel = channel
         self._waiter = waiter
 
-    def park(self, timeout: float | None) -> bool:
-        """Sleep until woken or ``timeout``; True if a releasing thread handed us the lock."""
+    def _settled(self, then: Callable[[], Any]) -> Any:
+        """Wait out a hand-off to us that is in flight (its outcome comes within one round
+        trip), then run ``then`` under the manager lock."""
         w = self._waiter
-        w.park(timeout)
         while True:
             with self._mgr._lock:
                 if not w.reserved:
-                    return w.granted
-            w.park(None)  # a hand-off to us is in flight: its outcome comes within one round trip
+                    return then()
+            w.park(None)
+
+    async def _asettled(self, then: Callable[[], Any], abandon_on_cancel: bool = False) -> Any:
+        """``_settled`` for an asyncio waiter. ``abandon_on_cancel``: if cancelled meanwhile,
+        leave the hand-off to the releasing thread to undo."""
+        w = self._waiter
+        while True:
+            with self._mgr._lock:
+                if not w.reserved:
+                    return then()
+            try:
+                await w.apark(None)
+            except BaseException:
+                if not abandon_on_cancel:
+                    raise
+                with self._mgr._lock:
+                    if not w.reserved:
+                        return then()
+                    w.abandoned = True
+                    then()
+                    raise
+
+    def park(self, timeout: float | None) -> bool:
+        """Sleep until woken or ``timeout``; True if a releasing thread handed us the lock."""
+        self._waiter.park(timeout)
+        return bool(self._settled(lambda: self._waiter.granted))
 
     async def apark(self, timeout: float | None) -> bool:
         """``park`` for an asyncio waiter."""
-        w = self._waiter
-        await w.apark(timeout)
-        while True:
-            with self._mgr._lock:
-                if not w.reserved:
-                    return w.granted
-            await w.apark(None)
+        await self._waiter.apark(timeout)
+        return bool(await self._asettled(lambda: self._waiter.granted))
 
     @property
     def granted(self) -> bool:
@@ -202,27 +222,18 @@ class Slot:
     def begin_attempt(self) -> bool:
         """Call before sending an acquire. True: a hand-off already gave us the lock, send
         nothing (a reentrant acquire on top would count it twice)."""
-        w = self._waiter
-        while True:
-            with self._mgr._lock:
-                if not w.reserved:
-                    if w.granted:
-                        return True
-                    w.attempting = True  # no hand-off to us while our own acquire is in flight
-                    return False
-            w.park(None)  # a hand-off to us is in flight: its outcome comes within one round trip
+        return bool(self._settled(self._begin_locked))
 
     async def abegin_attempt(self) -> bool:
         """``begin_attempt`` for an asyncio waiter."""
+        return bool(await self._asettled(self._begin_locked))
+
+    def _begin_locked(self) -> bool:
         w = self._waiter
-        while True:
-            with self._mgr._lock:
-                if not w.reserved:
-                    if w.granted:
-                        return True
-                    w.attempting = True
-                    return False
-            await w.apark(None)
+        if w.granted:
+            return True
+        w.attempting = True  # no hand-off to us while our own acquire is in flight
+        return False
 
     def attempted(self, acquired: bool, ttl_ms: int | None = None) -> bool:
         """Record the outcome of a retry. True means: retry again now, do not park."""
@@ -256,29 +267,11 @@ class Slot:
         """Leave the queue. True if a hand-off gave us the lock: the caller owns it now and
         must give it back itself, before it acquires anything again (nobody else releases on
         an owner's behalf, or a later acquire of that owner could be the one released)."""
-        w = self._waiter
-        while True:
-            with self._mgr._lock:
-                if not w.reserved:
-                    return self._leave_locked()
-            w.park(None)  # a hand-off to us is in flight: its outcome comes within one round trip
+        return bool(self._settled(self._leave_locked))
 
     async def aleave(self) -> bool:
         """``leave`` for an asyncio waiter."""
-        w = self._waiter
-        while True:
-            with self._mgr._lock:
-                if not w.reserved:
-                    return self._leave_locked()
-            try:
-                await w.apark(None)
-            except BaseException:
-                with self._mgr._lock:  # cancelled again: the releasing thread undoes it
-                    if w.reserved:
-                        w.abandoned = True
-                        self._leave_locked()
-                        raise
-                    return self._leave_locked()
+        return bool(await self._asettled(self._leave_locked, abandon_on_cancel=True))
 
     def _leave_locked(self) -> bool:
         ch, w = self.channel, self._waiter
