@@ -15,7 +15,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-from . import identity, pubsub
+from . import events, identity, pubsub
 from .clients import sync_twin
 from .errors import LockNotOwnedError
 from .lock import SUBSCRIBE_TIMEOUT, HoldKey, LockBase, log_masked_release, ttl_seconds
@@ -45,26 +45,30 @@ class AsyncRLock(LockBase):
     """
 
     def __init__(self, client: Any, name: str, prefix: str = "", watchdog_timeout: float = 30.0,
-                 *, on_lost: Callable[[str], Any] | None = None, sync_client: Any = None) -> None:
-        super().__init__(client, name, prefix, watchdog_timeout, on_lost)
+                 *, on_lost: Callable[[str], Any] | None = None, sync_client: Any = None,
+                 label: str | None = None) -> None:
+        super().__init__(client, name, prefix, watchdog_timeout, on_lost, label)
         self._sync_client = sync_client if sync_client is not None else sync_twin(client)
         self._server = server_id(self._sync_client)
 
     def _owner(self) -> str:
         return identity.task_owner()
 
-    def _acquired(self, k: HoldKey, lease_ms: int | None, task: Any = None) -> None:
-        super()._acquired(k, lease_ms)
-        hold = watchdog().get(k)
+    _info = staticmethod(identity.task_info)
+
+    def _acquired(self, k: HoldKey, lease_ms: int | None, t0: float, thread: Any = None,
+                  task: Any = None) -> Any:
+        hold = super()._acquired(k, lease_ms, t0)
         if task is None:
             task = asyncio.current_task()
-        if hold is not None and hold.count == 1 and task is not None:
+        if hold.count == 1 and task is not None:
             task.add_done_callback(lambda _: self._task_done(k, hold))
+        return hold
 
-    def _grant_callback(self, k: HoldKey, lease_ms: int | None) -> Callable[[], None]:
+    def _grant_callback(self, k: HoldKey, lease_ms: int | None, t0: float) -> Callable[[], None]:
         # A grant runs on the releasing thread or task: watch the waiter's own task.
         task = asyncio.current_task()
-        return lambda: self._acquired(k, lease_ms, task)
+        return lambda: self._acquired(k, lease_ms, t0, task=task)
 
     def _task_done(self, k: HoldKey, hold: Any) -> None:
         """Its owner task finished while still holding: nobody can ever release it as that
@@ -75,7 +79,10 @@ class AsyncRLock(LockBase):
                        "lock() run inside asyncio.wait_for() or shield()? they run it in a task "
                        "of their own); releasing it", self.name)
         watchdog().forget(k)
-        self._spawn(acall_once(self._client, FORCE_UNLOCK_OWNER_SCRIPT, (self.key, self._channel),
+        if events.listeners:
+            events.emit("released", name=self.name, key=self.key, label=self.label, owner=k[2],
+                        held=time.monotonic() - hold.since, reason="owner ended")
+        self._spawn(acall_once(self._client, FORCE_UNLOCK_OWNER_SCRIPT, self._release_keys,
                                (k[2], UNLOCK_MESSAGE)))
 
     # -- acquiring ------------------------------------------------------------------------
@@ -88,8 +95,9 @@ class AsyncRLock(LockBase):
         wait = self._wait_budget(wait_time)
         return await self._acquire(wait, self._lease_ms(lease_time))
 
-    async def _attempt(self, k: HoldKey, lease_ms: int | None, claim: bool = False) -> int | None:
-        fut = asyncio.ensure_future(acall_once(self._client, ACQUIRE_SCRIPT, (self.key,),
+    async def _attempt(self, k: HoldKey, lease_ms: int | None, t0: float,
+                       claim: bool = False) -> int | None:
+        fut = asyncio.ensure_future(acall_once(self._client, ACQUIRE_SCRIPT, (self.key, self._index),
                                                self._acquire_args(k, lease_ms, claim)))
         try:
             # Cancelling the caller must not cancel a round trip Redis may already have run.
@@ -98,7 +106,7 @@ class AsyncRLock(LockBase):
             await self._undo_cancelled(fut, k[2])
             raise
         if ttl is None:
-            self._acquired(k, lease_ms)
+            self._acquired(k, lease_ms, t0)
             return None
         return int(ttl)
 
@@ -115,7 +123,7 @@ class AsyncRLock(LockBase):
             return
         if ttl is None:
             try:
-                await acall_once(self._client, RELEASE_SCRIPT, (self.key, self._channel),
+                await acall_once(self._client, RELEASE_SCRIPT, self._release_keys,
                                  (owner, self._watchdog_ms, UNLOCK_MESSAGE))
             except BaseException:
                 pass
@@ -125,7 +133,7 @@ class AsyncRLock(LockBase):
         lock, so undo that one level at once instead of leaving it for the lease."""
         if fut.cancelled() or fut.exception() is not None or fut.result() is not None:
             return
-        self._spawn(acall_once(self._client, RELEASE_SCRIPT, (self.key, self._channel),
+        self._spawn(acall_once(self._client, RELEASE_SCRIPT, self._release_keys,
                                (owner, self._watchdog_ms, UNLOCK_MESSAGE)))
 
     @staticmethod
@@ -135,23 +143,25 @@ class AsyncRLock(LockBase):
         task.add_done_callback(_background.discard)
 
     async def _acquire(self, wait: float | None, lease_ms: int | None) -> bool:
+        t0 = time.monotonic()
         k = (self._server, self.key, identity.task_owner())
         park_until = self._park_first_until(k, wait)
         if not park_until:
-            if await self._attempt(k, lease_ms) is None:
+            if await self._attempt(k, lease_ms, t0) is None:
                 return True
             if wait == 0:
                 return False
-        return await self._wait(k, lease_ms, wait, park_until)
+        return await self._wait(k, lease_ms, wait, park_until, t0)
 
     async def _wait(self, k: HoldKey, lease_ms: int | None, wait: float | None,
-                    park_until: float) -> bool:
+                    park_until: float, t0: float) -> bool:
         deadline = None if wait is None else time.monotonic() + wait
         sub_timeout = SUBSCRIBE_TIMEOUT if wait is None else min(SUBSCRIBE_TIMEOUT, wait)
         ms = self._watchdog_ms if lease_ms is None else lease_ms
         mgr = pubsub.manager(self._sync_client)
         loop = asyncio.get_running_loop()
-        slot = mgr.enter(self._channel, k[2], ms, self._grant_callback(k, lease_ms), loop, self.key)
+        slot = mgr.enter(self._channel, k[2], ms, self._grant_callback(k, lease_ms, t0), loop,
+                         self.key, self._info(k[2]))
         acquired = False
         try:
             confirmed = mgr.confirmation(slot, loop)
@@ -168,7 +178,7 @@ class AsyncRLock(LockBase):
                 if await slot.abegin_attempt():
                     acquired = True
                     break
-                ttl = await self._attempt(k, lease_ms, claim=True)
+                ttl = await self._attempt(k, lease_ms, t0, claim=True)
                 again = slot.attempted(ttl is None, ttl)
                 if ttl is None:
                     acquired = True
@@ -192,8 +202,8 @@ class AsyncRLock(LockBase):
     async def unlock(self) -> None:
         """Release one hold of the calling task (see ``RLock.unlock``)."""
         plan = self._release_plan((self._server, self.key, identity.task_owner()))
-        fut = asyncio.ensure_future(acall_once(self._client, RELEASE_SCRIPT,
-                                               (self.key, self._channel), plan.args))
+        fut = asyncio.ensure_future(acall_once(self._client, RELEASE_SCRIPT, self._release_keys,
+                                               plan.args))
         try:
             r = await asyncio.shield(fut)
         except asyncio.CancelledError:
@@ -205,7 +215,7 @@ class AsyncRLock(LockBase):
             raise
         orphan = self._release_done(plan, r)
         if orphan is not None:
-            await acall_once(self._client, RELEASE_SCRIPT, (self.key, self._channel),
+            await acall_once(self._client, RELEASE_SCRIPT, self._release_keys,
                              (orphan.owner, orphan.lease_ms, UNLOCK_MESSAGE))
 
     release = unlock
@@ -219,14 +229,14 @@ class AsyncRLock(LockBase):
         except LockNotOwnedError:
             return
         if orphan is not None:
-            self._spawn(acall_once(self._client, RELEASE_SCRIPT, (self.key, self._channel),
+            self._spawn(acall_once(self._client, RELEASE_SCRIPT, self._release_keys,
                                    (orphan.owner, orphan.lease_ms, UNLOCK_MESSAGE)))
 
     async def force_unlock(self) -> bool:
         """Delete the lock whoever holds it and wake its waiters. True if a lock was deleted."""
         before = self._holds_now()
-        return self._forced(await acall_once(self._client, FORCE_UNLOCK_SCRIPT,
-                                             (self.key, self._channel), (UNLOCK_MESSAGE,)), before)
+        return self._forced(await acall_once(self._client, FORCE_UNLOCK_SCRIPT, self._release_keys,
+                                             (UNLOCK_MESSAGE,)), before)
 
     # -- inspecting -----------------------------------------------------------------------
     async def is_locked(self) -> bool:

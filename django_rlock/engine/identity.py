@@ -1,4 +1,9 @@
-"""Who owns a lock: ``<uuid4 of this process>:<thread ident>``.
+"""Who owns a lock: ``<uuid4 of this process>:<serial>``, and what to show about it.
+
+The serial is handed to each thread (and each asyncio task) on first use and is never reused
+within one process uuid. An OS thread id would be: Python reuses ``threading.get_ident()``
+as soon as a thread ends, so the next thread (a new request on runserver) would "inherit" a
+dead thread's lock, see it as its own, re-enter and unlock it.
 
 The uuid is made anew in a forked child (Celery prefork, gunicorn), so a child never
 inherits, renews or releases its parent's locks. Modules with per-process state (the
@@ -9,7 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import os
+import socket
+import sys
 import threading
 import uuid
 import weakref
@@ -18,6 +26,11 @@ from collections.abc import Callable
 _process_id = str(uuid.uuid4())
 _pid = os.getpid()
 _fork_hooks: list[Callable[[], None]] = []
+#: One counter for threads and tasks: both name owners as ``<uuid>:<n>``, so they never clash.
+_serials = itertools.count(1)
+_local = threading.local()
+_process_label: str | None = None
+_process_json: str | None = None
 
 
 def process_id() -> str:
@@ -26,28 +39,94 @@ def process_id() -> str:
 
 
 def thread_owner() -> str:
-    """The hash field of the calling thread: Redisson's ``<client uuid>:<thread id>``."""
-    return f"{_process_id}:{threading.get_ident()}"
+    """The hash field of the calling thread: Redisson's ``<client uuid>:<thread id>``, with a
+    per-process serial for the thread id (never reused, unlike the OS thread id)."""
+    try:
+        return _local.owner  # type: ignore[no-any-return]
+    except AttributeError:
+        owner = _local.owner = f"{_process_id}:{next(_serials)}"
+        return owner
 
 
 _task_ids: weakref.WeakKeyDictionary[asyncio.Task[object], int] = weakref.WeakKeyDictionary()
-_task_counter = itertools.count(1)
 
 
 def task_owner() -> str:
-    """The hash field of the running asyncio task: ``<client uuid>:<task number>``.
+    """The hash field of the running asyncio task: ``<client uuid>:<serial>``.
 
     Concurrent tasks share a thread (and ``sync_to_async`` runs many calls on one thread), so
-    a thread id would let them "re-enter" each other's lock. Each task gets its own number,
-    never reused in this process; a child task is a different owner from its parent.
+    a thread's serial would let them "re-enter" each other's lock. Each task gets its own
+    serial, never reused in this process; a child task is a different owner from its parent.
     """
     task = asyncio.current_task()
     if task is None:
         raise RuntimeError("AsyncRLock must be used from inside an asyncio task")
     n = _task_ids.get(task)
     if n is None:
-        n = _task_ids[task] = next(_task_counter)
+        n = _task_ids[task] = next(_serials)
     return f"{_process_id}:{n}"
+
+
+# -- what listings show about an owner --------------------------------------------------------
+def set_process_label(label: str | None) -> None:
+    """Name this process in lock listings (default: guessed from ``sys.argv``, see
+    ``process_label``). ``None`` goes back to the guess."""
+    global _process_label, _process_json
+    _process_label = label
+    _process_json = None
+
+
+def process_label() -> str:
+    """A readable name for this process: ``runserver``, ``celery worker ForkPoolWorker-2``,
+    ``gunicorn``, else the script's name."""
+    if _process_label is not None:
+        return _process_label
+    argv = [a for a in sys.argv if a] or ["python"]
+    prog = os.path.basename(argv[0])
+    if prog in ("__main__.py", "-c", "-m") or prog.startswith("python"):
+        prog = sys.orig_argv[2] if len(sys.orig_argv) > 2 and sys.orig_argv[1] == "-m" else prog
+    words = [a for a in argv[1:] if not a.startswith("-")]
+    if prog in ("manage.py", "django-admin", "django-admin.py") and words:
+        return words[0]
+    if prog == "celery" or prog.endswith("celery"):
+        label = "celery " + (next((w for w in words if w in ("worker", "beat", "flower")), "")
+                             or " ".join(words[:1]))
+        mp = sys.modules.get("billiard.process") or sys.modules.get("multiprocessing")
+        current = getattr(mp, "current_process", None)
+        name = current().name if current is not None else ""
+        if name and name != "MainProcess":
+            label += f" {name}"
+        return label.strip()
+    return prog
+
+
+def _process_part() -> str:
+    """The JSON members that describe this process, computed once per process."""
+    global _process_json
+    if _process_json is None:
+        _process_json = (f'"host":{json.dumps(socket.gethostname())},"pid":{os.getpid()},'
+                         f'"process":{json.dumps(process_label())}')
+    return _process_json
+
+
+def thread_info(owner: str) -> str:
+    """What an index entry says about ``owner``, the calling thread (a JSON object)."""
+    t = threading.current_thread()
+    cached = getattr(_local, "info", None)
+    if cached is not None and cached[0] is t.name and cached[1] == owner:
+        return cached[2]  # type: ignore[no-any-return]
+    info = (f'{{"owner":{json.dumps(owner)},{_process_part()},"thread":{json.dumps(t.name)},'
+            f'"os_thread_id":{t.ident}}}')
+    _local.info = (t.name, owner, info)
+    return info
+
+
+def task_info(owner: str) -> str:
+    """``thread_info`` for the running asyncio task: its name, and the thread it runs on."""
+    task = asyncio.current_task()
+    name = task.get_name() if task is not None else "?"
+    return (f'{{"owner":{json.dumps(owner)},{_process_part()},"thread":{json.dumps(name)},'
+            f'"os_thread_id":{threading.get_ident()}}}')
 
 
 def on_fork(hook: Callable[[], None]) -> None:
@@ -56,9 +135,11 @@ def on_fork(hook: Callable[[], None]) -> None:
 
 
 def _after_fork_in_child() -> None:
-    global _process_id, _pid
+    global _process_id, _pid, _local, _process_json
     _process_id = str(uuid.uuid4())
     _pid = os.getpid()
+    _local = threading.local()  # the forking thread's cached owner named the parent's uuid
+    _process_json = None        # new pid; the pool child's name is set after this hook runs
     for hook in _fork_hooks:
         hook()
 

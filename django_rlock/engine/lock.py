@@ -14,9 +14,9 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-from . import identity, pubsub
+from . import events, identity, pubsub
 from .errors import LockNotOwnedError
-from .naming import UNLOCK_MESSAGE, lock_channel
+from .naming import UNLOCK_MESSAGE, index_key, lock_channel
 from .scripts import ACQUIRE_SCRIPT, FORCE_UNLOCK_SCRIPT, RELEASE_SCRIPT, call_once
 from .watchdog import server_id, watchdog
 
@@ -60,8 +60,11 @@ class LockBase:
     each round trip (the hold registry, the waiter queues, the hand-off). Subclasses do I/O."""
 
     def __init__(self, client: Any, name: str, prefix: str, watchdog_timeout: float,
-                 on_lost: Callable[[str], Any] | None) -> None:
+                 on_lost: Callable[[str], Any] | None, label: str | None = None) -> None:
         check_name(name)
+        if label is not None and not isinstance(label, str):
+            raise TypeError(f"label must be a str or None, not {type(label).__name__} "
+                            f"(lock {name!r})")
         if not isinstance(prefix, str):
             raise TypeError(f"prefix must be a str, not {type(prefix).__name__} (lock {name!r})")
         if not hasattr(client, "connection_pool"):
@@ -77,7 +80,12 @@ class LockBase:
         self.watchdog_timeout = wt
         self._watchdog_ms = max(1, math.ceil(wt * 1000))
         self._channel = lock_channel(self.key).encode()
+        self._index = index_key(prefix)
+        #: KEYS of the release scripts: lock, channel, index.
+        self._release_keys = (self.key, self._channel, self._index)
         self._on_lost = on_lost
+        #: What metrics and events call this lock: a bounded set (a template), unlike names.
+        self.label = label
         # The sync client that renewal and waiting (threads) use for this server.
         self._sync_client: Any = client
         self._server: Any = None
@@ -106,17 +114,29 @@ class LockBase:
             hold = watchdog().get(k)
             # A lease taken inside a watchdog-mode hold must not cut the key's TTL short.
             ms = max(lease_ms, hold.lease_ms) if hold is not None and hold.renew else lease_ms
-        return (ms, k[2], "claim") if claim else (ms, k[2])
+        info = self._info(k[2])
+        return (ms, k[2], info, "claim") if claim else (ms, k[2], info)
 
-    def _acquired(self, k: HoldKey, lease_ms: int | None) -> None:
+    def _info(self, owner: str) -> str:
+        """What the index says about ``owner`` (the caller) while it holds the lock."""
+        raise NotImplementedError
+
+    def _acquired(self, k: HoldKey, lease_ms: int | None, t0: float,
+                  thread: threading.Thread | None = None) -> Any:
         # Registered before the caller hears of it, so no unlock can run ahead of it.
         renew = lease_ms is None
-        watchdog().acquired(k, self._sync_client, self.name,
-                            self._watchdog_ms if renew else lease_ms, renew,
-                            self.watchdog_timeout, self._on_lost)
+        hold = watchdog().acquired(k, self._sync_client, self.name,
+                                   self._watchdog_ms if renew else lease_ms, renew,
+                                   self.watchdog_timeout, self._on_lost, thread=thread,
+                                   label=self.label, scripts_keys=self._release_keys)
+        if events.listeners and hold.count == 1:
+            events.emit("acquired", name=self.name, key=self.key, label=self.label, owner=k[2],
+                        wait=time.monotonic() - t0,
+                        lease=None if renew else lease_ms / 1000.0)  # type: ignore[operator]
+        return hold
 
-    def _grant_callback(self, k: HoldKey, lease_ms: int | None) -> Callable[[], None]:
-        return lambda: self._acquired(k, lease_ms)
+    def _grant_callback(self, k: HoldKey, lease_ms: int | None, t0: float) -> Callable[[], None]:
+        return lambda: self._acquired(k, lease_ms, t0)
 
     def _park_first_until(self, k: HoldKey, wait: float | None) -> float:
         """0.0 to attempt at once; else the time to park until before the first attempt.
@@ -159,7 +179,7 @@ class LockBase:
                 plan.echo = plan.mgr.expect_echo(self._channel)
         args: tuple[Any, ...] = (k[2], plan.lease_ms, UNLOCK_MESSAGE)
         if plan.heir is not None:
-            args += (plan.heir.owner, plan.heir.lease_ms, 1)
+            args += (plan.heir.owner, plan.heir.lease_ms, 1, plan.heir.info)
         plan.args = args
         return plan
 
@@ -179,6 +199,10 @@ class LockBase:
                 f"never acquired, its lease expired, or it was lost or force-unlocked", self.name)
         r = int(r)
         wd.released(plan.k, plan.hold, fully=r != 0)
+        if r != 0 and events.listeners:
+            since = plan.hold.since if plan.hold is not None else time.monotonic()
+            events.emit("released", name=self.name, key=self.key, label=self.label,
+                        owner=plan.k[2], held=time.monotonic() - since, reason="unlock")
         return self._settle(plan, r)
 
     def _settle(self, plan: _Release, r: int | None) -> pubsub.Waiter | None:
@@ -217,6 +241,9 @@ class LockBase:
             mgr = pubsub.existing_manager(self._sync_client)
             if mgr is not None:
                 mgr.wake(self._channel)
+        if events.listeners:
+            events.emit("force_unlocked", name=self.name, key=self.key, label=self.label,
+                        deleted=bool(r))
         return bool(r)
 
     def is_lost(self) -> bool:
@@ -261,12 +288,23 @@ class RLock(LockBase):
     """
 
     def __init__(self, client: Any, name: str, prefix: str = "", watchdog_timeout: float = 30.0,
-                 *, on_lost: Callable[[str], Any] | None = None) -> None:
-        super().__init__(client, name, prefix, watchdog_timeout, on_lost)
+                 *, on_lost: Callable[[str], Any] | None = None, label: str | None = None) -> None:
+        super().__init__(client, name, prefix, watchdog_timeout, on_lost, label)
         self._server = server_id(client)
 
     def _owner(self) -> str:
         return identity.thread_owner()
+
+    _info = staticmethod(identity.thread_info)
+
+    def _acquired(self, k: HoldKey, lease_ms: int | None, t0: float,
+                  thread: threading.Thread | None = None) -> Any:
+        return super()._acquired(k, lease_ms, t0, thread or threading.current_thread())
+
+    def _grant_callback(self, k: HoldKey, lease_ms: int | None, t0: float) -> Callable[[], None]:
+        # A grant runs on the releasing thread: the hold belongs to the waiting one (this one).
+        waiter = threading.current_thread()
+        return lambda: self._acquired(k, lease_ms, t0, waiter)
 
     # -- acquiring ------------------------------------------------------------------------
     def lock(self, lease_time: float | None = None) -> None:
@@ -288,32 +326,35 @@ class RLock(LockBase):
             return self._acquire(None, None)
         return self._acquire(check_seconds(timeout, "timeout", self.name, zero_ok=True), None)
 
-    def _attempt(self, k: HoldKey, lease_ms: int | None, claim: bool = False) -> int | None:
+    def _attempt(self, k: HoldKey, lease_ms: int | None, t0: float,
+                 claim: bool = False) -> int | None:
         """One acquire round trip: None when acquired, else the holder's PTTL in ms."""
-        ttl = call_once(self._client, ACQUIRE_SCRIPT, (self.key,),
+        ttl = call_once(self._client, ACQUIRE_SCRIPT, (self.key, self._index),
                         self._acquire_args(k, lease_ms, claim))
         if ttl is None:
-            self._acquired(k, lease_ms)
+            self._acquired(k, lease_ms, t0)
             return None
         return int(ttl)
 
     def _acquire(self, wait: float | None, lease_ms: int | None) -> bool:
+        t0 = time.monotonic()
         k = (self._server, self.key, identity.thread_owner())
         park_until = self._park_first_until(k, wait)
         if not park_until:
-            if self._attempt(k, lease_ms) is None:
+            if self._attempt(k, lease_ms, t0) is None:
                 return True
             if wait == 0:
                 return False
-        return self._wait(k, lease_ms, wait, park_until)
+        return self._wait(k, lease_ms, wait, park_until, t0)
 
     def _wait(self, k: HoldKey, lease_ms: int | None, wait: float | None,
-              park_until: float) -> bool:
+              park_until: float, t0: float) -> bool:
         deadline = None if wait is None else time.monotonic() + wait
         sub_timeout = SUBSCRIBE_TIMEOUT if wait is None else min(SUBSCRIBE_TIMEOUT, wait)
         ms = self._watchdog_ms if lease_ms is None else lease_ms
         slot = pubsub.manager(self._client).enter(
-            self._channel, k[2], ms, self._grant_callback(k, lease_ms), None, self.key)
+            self._channel, k[2], ms, self._grant_callback(k, lease_ms, t0), None, self.key,
+            self._info(k[2]))
         acquired = False
         try:
             if not slot.confirmed.is_set():
@@ -328,7 +369,7 @@ class RLock(LockBase):
                     acquired = True
                     break
                 # A waiter never holds the lock: if its field is there, it was handed to it.
-                ttl = self._attempt(k, lease_ms, claim=True)
+                ttl = self._attempt(k, lease_ms, t0, claim=True)
                 again = slot.attempted(ttl is None, ttl)
                 if ttl is None:
                     acquired = True
@@ -358,13 +399,13 @@ class RLock(LockBase):
         """
         plan = self._release_plan((self._server, self.key, identity.thread_owner()))
         try:
-            r = call_once(self._client, RELEASE_SCRIPT, (self.key, self._channel), plan.args)
+            r = call_once(self._client, RELEASE_SCRIPT, self._release_keys, plan.args)
         except BaseException:
             self._release_failed(plan)
             raise
         orphan = self._release_done(plan, r)
         if orphan is not None:
-            call_once(self._client, RELEASE_SCRIPT, (self.key, self._channel),
+            call_once(self._client, RELEASE_SCRIPT, self._release_keys,
                       (orphan.owner, orphan.lease_ms, UNLOCK_MESSAGE))
 
     release = unlock
@@ -372,7 +413,7 @@ class RLock(LockBase):
     def force_unlock(self) -> bool:
         """Delete the lock whoever holds it and wake its waiters. True if a lock was deleted."""
         before = self._holds_now()
-        return self._forced(call_once(self._client, FORCE_UNLOCK_SCRIPT, (self.key, self._channel),
+        return self._forced(call_once(self._client, FORCE_UNLOCK_SCRIPT, self._release_keys,
                                       (UNLOCK_MESSAGE,)), before)
 
     # -- inspecting -----------------------------------------------------------------------

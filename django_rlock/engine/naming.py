@@ -18,3 +18,15 @@ def _prefixed(prefix: str, key: str) -> str:
 def lock_channel(key: str) -> str:
     """The pub/sub channel a release of ``key`` publishes on."""
     return _prefixed(LOCK_CHANNEL_PREFIX, key)
+
+
+INDEX_PREFIX = "rlock-index"
+
+
+def index_key(prefix: str) -> str:
+    """The hash that lists the locks taken under ``prefix`` (field: lock key; value: since when
+    and by whom), so listing never has to SCAN the database.
+
+    Outside the prefix, so no lock name can collide with it and ``SCAN prefix*`` never sees it.
+    """
+    return f"{INDEX_PREFIX}:{prefix}"

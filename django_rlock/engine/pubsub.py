@@ -31,6 +31,10 @@ logger = logging.getLogger("django_rlock")
 
 #: Seconds a subscription is kept after its last waiter leaves.
 LINGER = 2.0
+#: Longest a waiter waits for the outcome of a hand-off to it (the releasing thread's round
+#: trip). Past it, the waiter stops counting on that outcome and carries on as a plain waiter:
+#: its next attempt (claim mode) takes the lock if the hand-off landed meanwhile.
+HANDOFF_TIMEOUT = 5.0
 #: Seconds between housekeeping passes (lingering unsubscribes, a PING on a quiet line).
 _HOUSEKEEPING = 1.0
 _PING_AFTER = 30.0
@@ -42,15 +46,17 @@ class Waiter:
 
     ``signaled``: woken, its retry not yet done. ``reserved``: chosen by a releasing thread
     of this process for a direct hand-off whose outcome is not known yet. ``granted``: the
-    hand-off happened; this waiter owns the lock without sending anything.
+    hand-off happened; this waiter owns the lock without sending anything. ``detached``: it
+    stopped waiting for a hand-off's outcome (``HANDOFF_TIMEOUT``).
     """
 
     __slots__ = ("_park", "_loop", "_event", "signaled", "reserved", "granted", "abandoned",
-                 "attempting", "key", "owner", "lease_ms", "on_grant")
+                 "attempting", "key", "owner", "lease_ms", "on_grant", "info", "detached")
 
     def __init__(self, owner: str = "", lease_ms: int = 0,
                  on_grant: Callable[[], None] | None = None,
-                 loop: asyncio.AbstractEventLoop | None = None, key: str = "") -> None:
+                 loop: asyncio.AbstractEventLoop | None = None, key: str = "",
+                 info: str = "") -> None:
         self._loop = loop
         if loop is None:
             self._park = threading.Lock()
@@ -66,6 +72,8 @@ class Waiter:
         self.owner = owner
         self.lease_ms = lease_ms
         self.on_grant = on_grant
+        self.info = info  # what the index shows about it once handed the lock
+        self.detached = False
 
     def park(self, timeout: float | None) -> None:
         if timeout is None:
@@ -172,24 +180,26 @@ class Slot:
 
     def _settled(self, then: Callable[[], Any]) -> Any:
         """Wait out a hand-off to us that is in flight (its outcome comes within one round
-        trip), then run ``then`` under the manager lock."""
+        trip, or ``HANDOFF_TIMEOUT``), then run ``then`` under the manager lock."""
         w = self._waiter
+        give_up = time.monotonic() + HANDOFF_TIMEOUT
         while True:
             with self._mgr._lock:
-                if not w.reserved:
+                if not w.reserved or self._mgr._detach_late(self.channel, w, give_up):
                     return then()
-            w.park(None)
+            w.park(give_up - time.monotonic())
 
     async def _asettled(self, then: Callable[[], Any], abandon_on_cancel: bool = False) -> Any:
         """``_settled`` for an asyncio waiter. ``abandon_on_cancel``: if cancelled meanwhile,
         leave the hand-off to the releasing thread to undo."""
         w = self._waiter
+        give_up = time.monotonic() + HANDOFF_TIMEOUT
         while True:
             with self._mgr._lock:
-                if not w.reserved:
+                if not w.reserved or self._mgr._detach_late(self.channel, w, give_up):
                     return then()
             try:
-                await w.apark(None)
+                await w.apark(give_up - time.monotonic())
             except BaseException:
                 if not abandon_on_cancel:
                     raise
@@ -344,11 +354,38 @@ class PubSubManager:
             ch.active += 1
             return w
 
+    def _detach_late(self, ch: Channel, w: Waiter, give_up: float) -> bool:
+        """Under the lock: past ``give_up``, stop waiting for the outcome of a hand-off to
+        ``w`` and make it a plain waiter at the head of the queue again (True)."""
+        if time.monotonic() < give_up:
+            return False
+        logger.warning("django-rlock: a hand-off of %r is still unsettled after %.1f s (the "
+                       "releasing thread's round trip hangs); the waiter carries on by itself",
+                       w.key, HANDOFF_TIMEOUT)
+        w.reserved = False
+        w.detached = True
+        ch.active -= 1
+        ch.queue.appendleft(w)
+        return True
+
     def resolve(self, channel: bytes, w: Waiter, granted: bool) -> bool:
         """Settle a reservation. Returns False if the waiter left meanwhile (the caller must
         then release the lock on its behalf)."""
         with self._lock:
             ch = self._channels.get(channel)
+            if w.detached:
+                # It stopped waiting for us: never grant behind its back, never release on its
+                # behalf (it may have acquired again as the same owner). If it still waits,
+                # its next claim takes the lock; if it left, the lock expires by its lease.
+                w.detached = False
+                if granted and ch is not None and w in ch.queue:
+                    ch.queue.remove(w)
+                    ch.active += 1
+                    w._signal()
+                elif granted:
+                    logger.warning("django-rlock: %r was handed to %s after it stopped waiting; "
+                                   "it expires within %d ms", w.key, w.owner, w.lease_ms)
+                return True
             w.reserved = False
             if w.abandoned:
                 if ch is not None:
@@ -411,13 +448,14 @@ class PubSubManager:
 
     def enter(self, channel: bytes, owner: str = "", lease_ms: int = 0,
               on_grant: Callable[[], None] | None = None,
-              loop: asyncio.AbstractEventLoop | None = None, key: str = "") -> Slot:
+              loop: asyncio.AbstractEventLoop | None = None, key: str = "",
+              info: str = "") -> Slot:
         """Join the channel's queue, subscribing if needed. Pair with ``Slot.leave()``.
 
-        ``owner``, ``lease_ms`` and ``on_grant`` let a releasing thread of this process hand
-        the lock straight to this waiter (see ``reserve``).
+        ``owner``, ``lease_ms``, ``on_grant`` and ``info`` let a releasing thread of this
+        process hand the lock straight to this waiter (see ``reserve``).
         """
-        w = Waiter(owner, lease_ms, on_grant, loop, key)
+        w = Waiter(owner, lease_ms, on_grant, loop, key, info)
         with self._lock:
             ch = self._channels.get(channel)
             if ch is None:

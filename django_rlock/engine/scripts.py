@@ -13,16 +13,30 @@ from typing import Any
 
 from redis.exceptions import NoScriptError, ResponseError
 
-# KEYS[1] lock hash; ARGV[1] lease ms, ARGV[2] owner field; ARGV[3] (optional) "claim".
+# The index (``naming.index_key``): one hash per prefix, field = lock key, value =
+# "<server time, s.us> <json about the holder>". Written only where a holder starts (a new lock,
+# a hand-off) and removed where the key is deleted: never on reentry or renewal, so it costs the
+# hot path a TIME and an HSET per new lock. Entries of locks that expired are pruned on read.
+_STAMP = "local t = redis.call('time'); local stamp = t[1] .. '.' .. string.format('%06d', tonumber(t[2]))"
+
+# KEYS[1] lock hash, KEYS[2] index; ARGV[1] lease ms, ARGV[2] owner field, ARGV[3] holder info,
+# ARGV[4] (optional) "claim".
 # Reply: nil = acquired (new or reentrant); a number = the holder's PTTL (-1: no expiry).
 # "claim" is sent by waiters, who never hold the lock: if their field is there, a releasing
 # thread handed the lock to them, so it is taken as is, never counted twice.
 ACQUIRE = """
-if ARGV[3] and redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
+if ARGV[4] and redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
   redis.call('pexpire', KEYS[1], ARGV[1])
   return nil
 end
-if redis.call('exists', KEYS[1]) == 0 or redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
+if redis.call('exists', KEYS[1]) == 0 then
+  redis.call('hincrby', KEYS[1], ARGV[2], 1)
+  redis.call('pexpire', KEYS[1], ARGV[1])
+  """ + _STAMP + """
+  redis.call('hset', KEYS[2], KEYS[1], stamp .. ' ' .. ARGV[3])
+  return nil
+end
+if redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
   redis.call('hincrby', KEYS[1], ARGV[2], 1)
   redis.call('pexpire', KEYS[1], ARGV[1])
   return nil
@@ -30,9 +44,10 @@ end
 return redis.call('pttl', KEYS[1])
 """
 
-# KEYS[1] lock hash, KEYS[2] channel; ARGV[1] owner, ARGV[2] lease ms in force, ARGV[3] message,
-# ARGV[4] (optional) next owner (a waiter in the releasing process), ARGV[5] its lease ms,
-# ARGV[6] how many subscribers the releasing process itself accounts for.
+# KEYS[1] lock hash, KEYS[2] channel, KEYS[3] index; ARGV[1] owner, ARGV[2] lease ms in force,
+# ARGV[3] message, ARGV[4] (optional) next owner (a waiter in the releasing process), ARGV[5] its
+# lease ms, ARGV[6] how many subscribers the releasing process itself accounts for, ARGV[7] the
+# next owner's holder info.
 # Reply: nil = not owner; 0 = still held (count > 0, TTL reset to the lease in force);
 # -1 = handed to ARGV[4] (only when no other process waits: it never sees the lock free);
 # n >= 1 = released, and n - 1 subscribers (processes with waiters) got the message.
@@ -48,9 +63,12 @@ if ARGV[4] and redis.call('pubsub', 'numsub', KEYS[2])[2] <= tonumber(ARGV[6]) t
   redis.call('hdel', KEYS[1], ARGV[1])
   redis.call('hset', KEYS[1], ARGV[4], 1)
   redis.call('pexpire', KEYS[1], ARGV[5])
+  """ + _STAMP + """
+  redis.call('hset', KEYS[3], KEYS[1], stamp .. ' ' .. ARGV[7])
   return -1
 end
 redis.call('del', KEYS[1])
+redis.call('hdel', KEYS[3], KEYS[1])
 return 1 + redis.call('publish', KEYS[2], ARGV[3])
 """
 
@@ -69,8 +87,10 @@ end
 return result
 """
 
-# KEYS[1] lock hash, KEYS[2] channel; ARGV[1] message. Reply: 1 deleted (and published), 0 none.
+# KEYS[1] lock hash, KEYS[2] channel, KEYS[3] index; ARGV[1] message.
+# Reply: 1 deleted (and published), 0 none.
 FORCE_UNLOCK = """
+redis.call('hdel', KEYS[3], KEYS[1])
 if redis.call('del', KEYS[1]) == 1 then
   redis.call('publish', KEYS[2], ARGV[1])
   return 1
@@ -79,15 +99,29 @@ return 0
 """
 
 
-# KEYS[1] lock hash, KEYS[2] channel; ARGV[1] owner, ARGV[2] message. Drops every hold of one
-# owner that can never release it (its task is gone). Reply: 1 deleted, 0 not held by it.
+# KEYS[1] lock hash, KEYS[2] channel, KEYS[3] index; ARGV[1] owner, ARGV[2] message. Drops
+# every hold of one owner that can never release it (its thread or task has ended).
+# Reply: 1 deleted, 0 not held by it.
 FORCE_UNLOCK_OWNER = """
 if redis.call('hexists', KEYS[1], ARGV[1]) == 1 then
   redis.call('del', KEYS[1])
+  redis.call('hdel', KEYS[3], KEYS[1])
   redis.call('publish', KEYS[2], ARGV[2])
   return 1
 end
 return 0
+"""
+
+# KEYS[1] index, KEYS[2..n] lock keys read as gone. Drops their entries unless the key exists
+# again (taken since the read): a listing never unlists a live lock.
+PRUNE_INDEX = """
+local n = 0
+for i = 2, #KEYS do
+  if redis.call('exists', KEYS[i]) == 0 then
+    n = n + redis.call('hdel', KEYS[1], KEYS[i])
+  end
+end
+return n
 """
 
 
@@ -109,6 +143,7 @@ RELEASE_SCRIPT = Script(RELEASE)
 RENEW_SCRIPT = Script(RENEW)
 FORCE_UNLOCK_SCRIPT = Script(FORCE_UNLOCK)
 FORCE_UNLOCK_OWNER_SCRIPT = Script(FORCE_UNLOCK_OWNER)
+PRUNE_INDEX_SCRIPT = Script(PRUNE_INDEX)
 
 
 def _send_once(conn: Any, args: tuple[Any, ...]) -> Any:
@@ -188,10 +223,14 @@ async def acall_once(client: Any, script: Script, keys: tuple[Any, ...], args: t
 
 # Enqueue de-duplication marks: a hash in lock layout whose one field is "<task id>:0", so the
 # watchdog can renew it while the task runs and `locks list` shows which task holds it.
-# KEYS[1] mark; ARGV[1] field, ARGV[2] ttl ms.
+# KEYS[1] mark, KEYS[2] (optional) index; ARGV[1] field, ARGV[2] ttl ms, ARGV[3] holder info.
 # Reply: nil = ours now (new, or our own retry: TTL reset); else the field that holds it.
 MARK_CLAIM = """
 if redis.call('exists', KEYS[1]) == 0 or redis.call('hexists', KEYS[1], ARGV[1]) == 1 then
+  if KEYS[2] and redis.call('exists', KEYS[1]) == 0 then
+    """ + _STAMP + """
+    redis.call('hset', KEYS[2], KEYS[1], stamp .. ' ' .. ARGV[3])
+  end
   redis.call('hset', KEYS[1], ARGV[1], 1)
   redis.call('pexpire', KEYS[1], ARGV[2])
   return nil
@@ -199,10 +238,13 @@ end
 return redis.call('hkeys', KEYS[1])[1]
 """
 
-# KEYS[1] mark; ARGV[1] field. Reply: 1 if it was ours and is gone, else 0.
+# KEYS[1] mark, KEYS[2] (optional) index; ARGV[1] field. Reply: 1 if it was ours and is gone.
 MARK_RELEASE = """
 if redis.call('hexists', KEYS[1], ARGV[1]) == 1 then
   redis.call('del', KEYS[1])
+  if KEYS[2] then
+    redis.call('hdel', KEYS[2], KEYS[1])
+  end
   return 1
 end
 return 0

@@ -9,6 +9,9 @@ Scheduling: a hold is renewed when it is at most ``period / 2`` from due, so hol
 at scattered times fall into the same sweep and a period costs two wake-ups at most. The
 TTL never drops below ``watchdog_timeout - period`` (two thirds of it) while the process
 lives; when it dies nothing renews and the lock expires within ``watchdog_timeout``.
+
+A hold whose thread has ended is not renewed but released at its next due time (a WARNING
+names the lock and the thread): nobody can ever unlock it, since owner ids are never reused.
 """
 
 from __future__ import annotations
@@ -22,8 +25,8 @@ from typing import Any
 
 from redis.exceptions import NoScriptError
 
-from . import identity
-from .scripts import RENEW_SCRIPT
+from . import events, identity
+from .scripts import FORCE_UNLOCK_OWNER_SCRIPT, RENEW_SCRIPT
 
 logger = logging.getLogger("django_rlock")
 
@@ -69,7 +72,8 @@ class Hold:
     """One key held by one owner of this process."""
 
     __slots__ = ("client", "server", "key", "name", "owner", "count", "lease_ms", "renew",
-                 "period", "due", "lost", "on_lost", "expires_at")
+                 "period", "due", "lost", "on_lost", "expires_at", "thread", "since", "label",
+                 "scripts_keys")
 
     def __init__(self, client: Any, server: tuple[Any, ...], key: str, name: str, owner: str) -> None:
         self.client = client
@@ -85,6 +89,10 @@ class Hold:
         self.lost = False
         self.on_lost: LostCallback | None = None
         self.expires_at = 0.0       # lease mode: when the lease we set runs out
+        self.thread: threading.Thread | None = None  # the owner thread (None: a task, a mark)
+        self.since = time.monotonic()
+        self.label: str | None = None
+        self.scripts_keys: tuple[Any, ...] = ()  # (key, channel, index) for a release on its behalf
 
 
 HoldKey = tuple[tuple[Any, ...], str, str]
@@ -110,13 +118,21 @@ class Watchdog:
         return self._holds.get(k)
 
     def acquired(self, k: HoldKey, client: Any, name: str, lease_ms: int, renew: bool,
-                 watchdog_timeout: float, on_lost: LostCallback | None) -> Hold:
-        """Record a successful acquire, before the result is handed back to the caller."""
+                 watchdog_timeout: float, on_lost: LostCallback | None, *,
+                 thread: threading.Thread | None = None, label: str | None = None,
+                 scripts_keys: tuple[Any, ...] = ()) -> Hold:
+        """Record a successful acquire, before the result is handed back to the caller.
+
+        ``thread``: the owner thread, watched so its hold is released if it ends holding.
+        """
         now = time.monotonic()
         with self._lock:
             hold = self._holds.get(k)
             if hold is None or hold.lost or (not hold.renew and now >= hold.expires_at):
                 hold = Hold(client, k[0], k[1], name, k[2])
+                hold.thread = thread
+                hold.label = label
+                hold.scripts_keys = scripts_keys
                 self._holds[k] = hold
                 self._lost.pop(k, None)
             hold.count += 1
@@ -197,11 +213,16 @@ class Watchdog:
                     return
                 now = time.monotonic()
                 due: list[Hold] = []
+                dead: list[Hold] = []
                 drop: list[HoldKey] = []
                 next_at = float("inf")
                 for k, h in self._holds.items():
                     if h.renew:
                         if h.due - h.period / 2 <= now:
+                            if h.thread is not None and not h.thread.is_alive():
+                                dead.append(h)
+                                drop.append(k)
+                                continue
                             due.append(h)
                             h.due = now + h.period
                         next_at = min(next_at, h.due)
@@ -211,12 +232,15 @@ class Watchdog:
                         next_at = min(next_at, h.due)
                 for k in drop:
                     del self._holds[k]
-                if not due:
+                if not due and not dead:
                     self._wake_at = next_at
                     self._wakeup.wait(None if next_at == float("inf") else max(0.0, next_at - now))
                     self._wake_at = 0.0
                     continue
-            self._renew(due)
+            if dead:
+                self._release_dead(dead)
+            if due:
+                self._renew(due)
 
     def _renew(self, holds: list[Hold]) -> None:
         by_server: dict[tuple[Any, ...], list[Hold]] = {}
@@ -238,29 +262,60 @@ class Watchdog:
                     self._mark_lost(h)
 
     def _renew_on(self, client: Any, group: list[Hold]) -> list[int]:
-        chunks = [group[i:i + RENEW_BATCH] for i in range(0, len(group), RENEW_BATCH)]
+        calls = []
+        for i in range(0, len(group), RENEW_BATCH):
+            chunk = group[i:i + RENEW_BATCH]
+            args: list[Any] = []
+            for h in chunk:
+                args.append(h.owner)
+                args.append(int(h.period * 3000))
+            calls.append((tuple(h.key for h in chunk), tuple(args)))
+        out: list[int] = []
+        for reply in self._pipeline(client, RENEW_SCRIPT, calls):
+            out.extend(int(x) for x in reply)
+        self.renewed += len(out)
+        return out
+
+    def _release_dead(self, holds: list[Hold]) -> None:
+        """Release the holds of threads that ended holding them (one pipeline per server)."""
+        by_server: dict[tuple[Any, ...], list[Hold]] = {}
+        for h in holds:
+            by_server.setdefault(h.server, []).append(h)
+        for group in by_server.values():
+            try:
+                results = self._pipeline(group[0].client, FORCE_UNLOCK_OWNER_SCRIPT, [
+                    (h.scripts_keys, (h.owner, "0")) for h in group])
+            except Exception as exc:  # they expire by their lease: they are no longer renewed
+                logger.warning("django-rlock: could not release %d lock(s) of ended threads "
+                               "(%s: %s); they expire within their lease", len(group),
+                               type(exc).__name__, exc)
+                continue
+            for h, r in zip(group, results, strict=False):
+                thread = h.thread.name if h.thread is not None else "?"
+                if not r:
+                    continue  # gone meanwhile (expired, force-unlocked)
+                logger.warning("django-rlock: lock %r (key %r) was held by thread %r (%s), which "
+                               "ended without unlocking it; released", h.name, h.key, thread,
+                               h.owner)
+                if events.listeners:
+                    events.emit("released", name=h.name, key=h.key, label=h.label, owner=h.owner,
+                                held=time.monotonic() - h.since, reason="owner ended")
+
+    def _pipeline(self, client: Any, script: Any, calls: list[tuple[tuple[Any, ...], tuple[Any, ...]]]
+                  ) -> list[Any]:
+        """Run ``script`` once per (keys, args) in one pipeline; loads it after a SCRIPT FLUSH."""
         for attempt in (0, 1):
             pipe = client.pipeline(transaction=False)
-            for chunk in chunks:
-                args: list[Any] = []
-                for h in chunk:
-                    args.append(h.owner)
-                    args.append(int(h.period * 3000))
-                pipe.evalsha(RENEW_SCRIPT.sha, len(chunk), *[h.key for h in chunk], *args)
+            for keys, args in calls:
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
             try:
-                replies = pipe.execute()
+                return list(pipe.execute())
             except NoScriptError:
                 if attempt:
                     raise
-                client.script_load(RENEW_SCRIPT.source)  # after a restart or SCRIPT FLUSH
-                continue
+                client.script_load(script.source)
             finally:
                 self.round_trips += 1
-            out: list[int] = []
-            for reply in replies:
-                out.extend(int(x) for x in reply)
-            self.renewed += len(out)
-            return out
         return []
 
     def _mark_lost(self, h: Hold) -> None:
@@ -275,6 +330,9 @@ class Watchdog:
     def _tell_lost(self, h: Hold, how: str) -> None:
         logger.warning("django-rlock: lock %r (key %r) was lost: it %s while held by %s; it is "
                        "no longer renewed", h.name, h.key, how, h.owner)
+        if events.listeners:
+            events.emit("lost", name=h.name, key=h.key, label=h.label, owner=h.owner,
+                        held=time.monotonic() - h.since, how=how)
         if h.on_lost is not None:
             try:
                 h.on_lost(h.name)

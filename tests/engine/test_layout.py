@@ -22,7 +22,9 @@ def test_hash_field_count_and_pttl(r):
         assert r.type("orders:42") == b"hash"
         ((field, count),) = data.items()
         assert FIELD.match(field.decode())
-        assert field.decode() == f"{identity.process_id()}:{threading.get_ident()}"
+        # <uuid>:<serial>: never the OS thread id, which Python reuses once a thread ends.
+        assert field.decode() == identity.thread_owner()
+        assert field.decode() != f"{identity.process_id()}:{threading.get_ident()}"
         assert count == b"1"
         assert 29_000 < r.pttl("orders:42") <= 30_000
     finally:

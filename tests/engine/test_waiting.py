@@ -255,8 +255,9 @@ def test_a_waiters_claim_never_counts_a_handed_lock_twice(r):
     from django_rlock.engine.scripts import ACQUIRE_SCRIPT, call_once
 
     r.hset("claimed", "me:1", 1)  # handed to "me" by a release whose reply was lost
-    assert call_once(r, ACQUIRE_SCRIPT, ("claimed",), (5000, "me:1", "claim")) is None
-    assert call_once(r, ACQUIRE_SCRIPT, ("claimed",), (5000, "me:1", "claim")) is None
+    keys, args = ("claimed", "rlock-index:"), (5000, "me:1", "{}", "claim")
+    assert call_once(r, ACQUIRE_SCRIPT, keys, args) is None
+    assert call_once(r, ACQUIRE_SCRIPT, keys, args) is None
     assert r.hget("claimed", "me:1") == b"1" and 4000 < r.pttl("claimed") <= 5000
 
 

@@ -1,0 +1,58 @@
+"""Lock events for code without Django: metrics, audit logs, alerts.
+
+    events.add_listener(lambda event, data: print(event, data["name"]))  # engine.events
+
+``event`` is one of ``EVENTS``; ``data`` always has ``name``, ``key`` and ``label`` (the
+``@locked`` template, or the ``label=`` given to the lock: a bounded set, fit for metric
+labels, where the name is not), plus:
+
+- ``acquired``: ``owner``, ``wait`` (seconds from the call to the grant), ``lease`` (seconds,
+  ``None`` in watchdog mode). Sent when an owner starts holding, not on reentry.
+- ``released``: ``owner``, ``held`` (seconds), ``reason`` (``"unlock"``, or ``"owner ended"``
+  when the watchdog released the hold of a thread or task that ended without unlocking).
+- ``lost``: ``owner``, ``held``, ``how`` (expired, force-unlocked).
+- ``busy``: ``ttl`` (seconds left on the holder's lease, or None): a ``@locked`` call turned away.
+- ``force_unlocked``: ``deleted`` (whether a lock was there).
+
+Listeners run synchronously on the thread that caused the event (the watchdog thread for
+``lost`` and ``owner ended``); an exception in one is logged and never reaches the lock. With
+no listener the hot path pays one truth test of a list.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+logger = logging.getLogger("django_rlock")
+
+EVENTS = ("acquired", "released", "lost", "busy", "force_unlocked")
+
+Listener = Callable[[str, dict[str, Any]], Any]
+
+#: Read without a lock on the hot path: replaced, never mutated, so a reader sees a whole list.
+listeners: tuple[Listener, ...] = ()
+
+
+def add_listener(listener: Listener) -> None:
+    """Call ``listener(event, data)`` for every lock event in this process."""
+    global listeners
+    if not callable(listener):
+        raise TypeError(f"a lock event listener must be callable, not {type(listener).__name__}")
+    if listener not in listeners:
+        listeners = (*listeners, listener)
+
+
+def remove_listener(listener: Listener) -> None:
+    global listeners
+    listeners = tuple(x for x in listeners if x != listener)
+
+
+def emit(event: str, **data: Any) -> None:
+    """Send ``event`` to every listener. Callers test ``events.listeners`` first."""
+    for listener in listeners:
+        try:
+            listener(event, data)
+        except Exception:
+            logger.exception("django-rlock: lock event listener %r failed on %s", listener, event)
