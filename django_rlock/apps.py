@@ -11,7 +11,11 @@ class RLockConfig(AppConfig):
     default_auto_field = "django.db.models.AutoField"
 
     def ready(self) -> None:
-        # Registering checks only: no Redis client is made here (CACHES may still change).
+        # Registering checks and the signal bridge only: no Redis client is made here (CACHES
+        # may still change).
         from .checks import check_settings
+        from .engine import events
+        from .signals import forward
 
         checks.register(check_settings)
+        events.add_listener(forward)
