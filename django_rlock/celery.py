@@ -14,6 +14,12 @@ are distinct owners (each gets its own process id after fork).
 Enqueue-time de-duplication (``@locked(..., dedupe=True)`` with ``base=LockedTask``): while an
 identical call (same task, same canonically bound arguments) is queued or running, ``delay()``
 / ``apply_async()`` enqueue nothing and return the existing task's ``AsyncResult``.
+
+A task body inside ``transaction.atomic()`` keeps its lock (and de-dup mark) until that
+transaction ends, as any ``@locked`` call does (``until_commit``).
+
+This module depends on ``django_rlock.decorators``, never the reverse: importing it registers
+the Celery hooks there (the app config imports it when Celery is installed).
 """
 
 from __future__ import annotations
@@ -29,10 +35,11 @@ from typing import Any
 from celery import Task
 from celery._state import get_current_task
 from celery.exceptions import Ignore, Retry
-from celery.signals import task_revoked
+from celery.signals import task_postrun, task_revoked
 from celery.utils import uuid
 
-from .decorators import bound_arguments, release_after_call
+from . import transaction
+from .decorators import TaskHooks, bound_arguments, hold_for_call, register_task_hooks
 from .engine import LockBusy
 from .engine.scripts import MARK_CLAIM_SCRIPT, MARK_RELEASE_SCRIPT, call, call_once
 from .engine.watchdog import server_id, watchdog
@@ -153,12 +160,21 @@ class _Mark:
             self.held = True
         # else: an identical task holds it (ours expired in the queue); leave it alone
 
-    def finish(self, release: bool) -> None:
+    def finish(self, release: bool, until_commit: bool) -> None:
+        """Stop renewing; with ``release``, delete the mark (with ``until_commit``: once the
+        transactions around the task end, like its lock)."""
         if not self.held:
             return
-        watchdog().forget(self.k)  # a retry keeps the mark on the TTL its re-enqueue set
-        if release:
-            call(self.client, MARK_RELEASE_SCRIPT, (self.key,), (self.field,))
+        if not release:
+            watchdog().forget(self.k)  # a retry keeps the mark on the TTL its re-enqueue set
+        elif until_commit:
+            transaction.TransactionRelease(self._release, self.key).done()
+        else:
+            self._release()
+
+    def _release(self) -> None:
+        watchdog().forget(self.k)
+        call(self.client, MARK_RELEASE_SCRIPT, (self.key,), (self.field,))
 
 
 @task_revoked.connect
@@ -205,13 +221,24 @@ def run_task(spec: Any, wrapper: Callable[..., Any], func: Callable[..., Any], n
                             task.name, task.request.id, name)
                 raise Ignore()
             return on_busy(busy)
+        hold = hold_for_call(spec, lock, func)
         try:
             return func(*args, **kwargs)
         finally:
-            release_after_call(lock, func)
+            hold.done()
     except Retry:
         retrying = True
         raise
     finally:
         if mark is not None:
-            mark.finish(release=not retrying)
+            mark.finish(release=not retrying, until_commit=spec.until_commit)
+
+
+@task_postrun.connect(weak=False, dispatch_uid="django_rlock.release_ended")
+def _release_ended(**_: Any) -> None:
+    """Safety net on the task's own thread: a release still waiting for a transaction that has
+    ended (its commit callback was skipped) happens now, not at this thread's next lock."""
+    transaction.release_ended()
+
+
+register_task_hooks(TaskHooks(task_of=task_of, run=run_task, retry=retry))

@@ -3,6 +3,10 @@
 The lock name comes from a template formatted with the call's bound arguments
 (``"report:{pk}"``, ``"user:{request.user.pk}"``) or from a callable. Field names are checked
 against the signature when decorating, so a typo fails at import, not at the first request.
+
+Layering: the engine <- this module (Django glue) <- ``django_rlock.celery``. This module never
+imports the Celery glue; that registers itself here (``register_task_hooks``) when imported,
+which the app config does when Celery is installed.
 """
 
 from __future__ import annotations
@@ -12,12 +16,12 @@ import inspect
 import logging
 import math
 import string
-import sys
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from .engine import AsyncRLock, LockBusy, RLock
 from .engine.lock import check_seconds
+from .transaction import TransactionRelease
 
 logger = logging.getLogger("django_rlock")
 
@@ -45,7 +49,8 @@ class LockSpec:
 
     def __init__(self, template: str | Callable[..., str], wait: float, lease: float | None,
                  on_busy: str | Callable[..., Any] | None, cache: str | None, client: Any,
-                 prefix: str | None, status: int | None, dedupe: bool) -> None:
+                 prefix: str | None, status: int | None, dedupe: bool,
+                 until_commit: bool = True) -> None:
         if isinstance(template, str):
             if not template:
                 raise ValueError("lock template must not be empty")
@@ -74,6 +79,7 @@ class LockSpec:
         self.prefix = prefix
         self.status = status
         self.dedupe = dedupe
+        self.until_commit = bool(until_commit)
 
     # -- names ------------------------------------------------------------------------------
     def check_signature(self, func: Callable[..., Any], sig: inspect.Signature) -> None:
@@ -145,13 +151,41 @@ def bound_arguments(sig: inspect.Signature, args: tuple[Any, ...],
     return values
 
 
-def _task_of(args: tuple[Any, ...], wrapper: Callable[..., Any]) -> Any:
-    """The Celery task this call runs as; never imports Celery into a process without it."""
-    if "celery" not in sys.modules:
-        return None
-    from .celery import task_of
+# -- tasks ----------------------------------------------------------------------------------------
+class TaskHooks(NamedTuple):
+    """How ``@locked`` recognises, runs and retries a task; ``django_rlock.celery`` provides them.
 
-    return task_of(args, wrapper)
+    ``task_of(args, wrapper)``: the task this call runs as, or None. ``run(spec, wrapper, func,
+    name, task, args, kwargs, on_busy)``: the whole locked run of a task. ``retry(busy, task)``:
+    ``on_busy="retry"``.
+    """
+
+    task_of: Callable[[tuple[Any, ...], Callable[..., Any]], Any]
+    run: Callable[..., Any]
+    retry: Callable[[LockBusy, Any], Any]
+
+
+_task_hooks: TaskHooks | None = None
+
+
+def register_task_hooks(hooks: TaskHooks | None) -> TaskHooks | None:
+    """Install the task-queue integration (None removes it); returns the one it replaces."""
+    global _task_hooks
+    previous, _task_hooks = _task_hooks, hooks
+    return previous
+
+
+def _task_of(args: tuple[Any, ...], wrapper: Callable[..., Any]) -> Any:
+    """The task this call runs as, or None; a task without the integration fails loudly."""
+    if _task_hooks is not None:
+        return _task_hooks.task_of(args, wrapper)
+    first = args[0] if args else None
+    if hasattr(first, "apply_async") and hasattr(first, "request") and hasattr(first, "retry"):
+        raise RuntimeError(
+            f"@locked runs inside the Celery task {getattr(first, 'name', first)!r} but "
+            f"django_rlock.celery is not loaded: add 'django_rlock' to INSTALLED_APPS or import "
+            f"django_rlock.celery in your Celery app module")
+    return None
 
 
 def _is_request(obj: Any) -> bool:
@@ -199,9 +233,10 @@ def _on_busy(spec: LockSpec, wrapper: Callable[..., Any], busy: LockBusy, args: 
     if on_busy == "raise":
         raise busy
     if on_busy == "retry":
-        from .celery import retry, task_of
-
-        return retry(busy, task_of(args, wrapper))
+        if _task_hooks is None:
+            raise TypeError(f"on_busy='retry' needs Celery: import django_rlock.celery (lock "
+                            f"{busy.name!r})")
+        return _task_hooks.retry(busy, _task_hooks.task_of(args, wrapper))
     # "skip" and "wait" (which has already waited)
     logger.info("django-rlock: skipped %s: lock %r is held by %s",
                 getattr(wrapper, "__qualname__", spec.label), busy.name, holders())
@@ -221,10 +256,44 @@ def release_after_call(lock: RLock, func: Callable[..., Any]) -> None:
         _lost_warning(lock.name, func, exc)
 
 
+class CallRelease(Protocol):
+    """Ends one call's hold: ``done()`` releases now or later; True if later."""
+
+    def done(self) -> bool: ...
+
+
+class _ReleaseNow:
+    """``until_commit=False``: released when the call ends, transaction or not."""
+
+    def __init__(self, release: Callable[[], None]) -> None:
+        self._release = release
+
+    def done(self) -> bool:
+        self._release()
+        return False
+
+
+def hold_for_call(spec: LockSpec, lock: RLock, func: Callable[..., Any]) -> CallRelease:
+    """How the hold taken for one call ends; make it right after acquiring, ``done()`` after.
+
+    With ``until_commit`` the release waits for the database transactions open around the
+    call (its writes are not visible before they commit); see ``django_rlock.transaction``.
+    If even this fails, the lock is released before the error propagates: it must never leak.
+    """
+    release = functools.partial(release_after_call, lock, func)
+    if not spec.until_commit:
+        return _ReleaseNow(release)
+    try:
+        return TransactionRelease(release, lock.name)
+    except BaseException:
+        release()
+        raise
+
+
 def locked(template: str | Callable[..., str], *, wait: float = 0, lease: float | None = None,
            on_busy: str | Callable[..., Any] | None = None, cache: str | None = None,
            client: Any = None, prefix: str | None = None, status: int | None = None,
-           dedupe: bool = False) -> Callable[[F], F]:
+           dedupe: bool = False, until_commit: bool = True) -> Callable[[F], F]:
     """Run the decorated callable only while holding the lock named by ``template``.
 
     ``wait``: seconds to wait for a busy lock (0: one attempt). ``lease``: seconds, or None for
@@ -236,8 +305,12 @@ def locked(template: str | Callable[..., str], *, wait: float = 0, lease: float 
     (default ``RLOCK["CACHE"]``); ``client``/``prefix``: use a redis-py client directly,
     without Django. ``status``: the busy response status (default ``RLOCK["BUSY_STATUS"]``).
     ``dedupe``: Celery tasks only, skip enqueueing a duplicate (see ``django_rlock.celery``).
+    ``until_commit``: a sync call made inside ``transaction.atomic()`` (or ``ATOMIC_REQUESTS``)
+    keeps its lock until that transaction commits or rolls back, so the next holder sees its
+    writes; False releases when the call returns (async views are never in a transaction).
     """
-    spec = LockSpec(template, wait, lease, on_busy, cache, client, prefix, status, dedupe)
+    spec = LockSpec(template, wait, lease, on_busy, cache, client, prefix, status, dedupe,
+                    until_commit)
 
     def decorate(func: F) -> F:
         if hasattr(func, "apply_async") and hasattr(func, "run"):
@@ -275,23 +348,23 @@ def locked(template: str | Callable[..., str], *, wait: float = 0, lease: float 
             def sync_wrapper(*args: Any, **kwargs: Any) -> Any:
                 name = spec.name_for(func, sig, args, kwargs)
                 task = _task_of(args, sync_wrapper)
-                if task is not None:
-                    from .celery import run_task
+                if task is not None and _task_hooks is not None:
 
                     def busy_in_task(busy: LockBusy) -> Any:
                         return _on_busy(spec, sync_wrapper, busy, args, kwargs,
                                         lambda: _holders(spec.sync_lock(busy.name)))
 
-                    return run_task(spec, sync_wrapper, func, name, task, args, kwargs,
-                                    busy_in_task)
+                    return _task_hooks.run(spec, sync_wrapper, func, name, task, args, kwargs,
+                                           busy_in_task)
                 lock = spec.sync_lock(name)
                 if not lock.try_lock(spec.wait, spec.lease):
                     busy = _busy(spec, lock, lock.remaining_ttl())
                     return _on_busy(spec, sync_wrapper, busy, args, kwargs, lambda: _holders(lock))
+                hold = hold_for_call(spec, lock, func)
                 try:
                     return func(*args, **kwargs)
                 finally:
-                    release_after_call(lock, func)
+                    hold.done()
 
             wrapper = sync_wrapper
         # Celery checks call arguments against this (it does not follow __wrapped__).
