@@ -59,9 +59,14 @@ class FaultProxy:
 
     def close(self) -> None:
         self._closed = True
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept()
+        except OSError:
+            pass
         self._listener.close()
         for s in self._socks:
             try:
+                s.shutdown(socket.SHUT_RDWR)  # close() alone leaves a blocked recv() waiting
                 s.close()
             except OSError:
                 pass

@@ -181,6 +181,9 @@ class Locks:
             found = (f for f, _ in self.client.hscan_iter(self.index, match=pattern,
                                                           count=SCAN_COUNT))
         keys = {k for k in map(_text, found) if k is not None and k != self.prefix}
+        if scan:  # anything may be under the prefix: only lock-shaped hashes count
+            keys.discard(self.index)
+            return [info.name for chunk in _batches(sorted(keys)) for info in self._read(chunk)]
         live: list[str] = []
         gone: list[str] = []
         for chunk in _batches(sorted(keys)):
@@ -191,11 +194,10 @@ class Locks:
             for key, n in zip(chunk, sizes, strict=True):
                 if isinstance(n, int) and 0 < n <= MAX_FIELDS:
                     live.append(key)
-                elif n == 0 and not scan:
+                elif n == 0:
                     gone.append(key)
         self._prune(gone)
-        names = [k[len(self.prefix):] for k in live]
-        return [n for n in names if n] if scan else names
+        return [k[len(self.prefix):] for k in live]
 
     def _prune(self, keys: list[str]) -> None:
         for chunk in _batches(keys):

@@ -32,8 +32,9 @@ logger = logging.getLogger("django_rlock")
 #: Seconds a subscription is kept after its last waiter leaves.
 LINGER = 2.0
 #: Longest a waiter waits for the outcome of a hand-off to it (the releasing thread's round
-#: trip). Past it, the waiter stops counting on that outcome and carries on as a plain waiter:
-#: its next attempt (claim mode) takes the lock if the hand-off landed meanwhile.
+#: trip), give or take the listener's one-second housekeeping tick. Past it, the waiter stops
+#: counting on that outcome and carries on as a plain waiter: its next attempt (claim mode)
+#: takes the lock if the hand-off landed meanwhile.
 HANDOFF_TIMEOUT = 5.0
 #: Seconds between housekeeping passes (lingering unsubscribes, a PING on a quiet line).
 _HOUSEKEEPING = 1.0
@@ -180,26 +181,25 @@ class Slot:
 
     def _settled(self, then: Callable[[], Any]) -> Any:
         """Wait out a hand-off to us that is in flight (its outcome comes within one round
-        trip, or ``HANDOFF_TIMEOUT``), then run ``then`` under the manager lock."""
+        trip; or the listener detaches us after ``HANDOFF_TIMEOUT``), then run ``then``
+        under the manager lock."""
         w = self._waiter
-        give_up = time.monotonic() + HANDOFF_TIMEOUT
         while True:
             with self._mgr._lock:
-                if not w.reserved or self._mgr._detach_late(self.channel, w, give_up):
+                if not w.reserved:
                     return then()
-            w.park(give_up - time.monotonic())
+            w.park(None)
 
     async def _asettled(self, then: Callable[[], Any], abandon_on_cancel: bool = False) -> Any:
         """``_settled`` for an asyncio waiter. ``abandon_on_cancel``: if cancelled meanwhile,
         leave the hand-off to the releasing thread to undo."""
         w = self._waiter
-        give_up = time.monotonic() + HANDOFF_TIMEOUT
         while True:
             with self._mgr._lock:
-                if not w.reserved or self._mgr._detach_late(self.channel, w, give_up):
+                if not w.reserved:
                     return then()
             try:
-                await w.apark(give_up - time.monotonic())
+                await w.apark(None)
             except BaseException:
                 if not abandon_on_cancel:
                     raise
@@ -317,6 +317,8 @@ class PubSubManager:
         self._thread: threading.Thread | None = None
         self._last_io = time.monotonic()
         self._ping_at = 0.0  # when a PING went out that no reply has followed yet
+        #: Heirs of hand-offs in flight: channel, and since when (see ``_detach_overdue``).
+        self._reserved: dict[Waiter, tuple[bytes, float]] = {}
         #: Reconnections so far (read by tests).
         self.reconnects = 0
 
@@ -352,27 +354,34 @@ class PubSubManager:
             w = ch.queue.popleft()
             w.reserved = True
             ch.active += 1
+            self._reserved[w] = (channel, time.monotonic())
             return w
 
-    def _detach_late(self, ch: Channel, w: Waiter, give_up: float) -> bool:
-        """Under the lock: past ``give_up``, stop waiting for the outcome of a hand-off to
-        ``w`` and make it a plain waiter at the head of the queue again (True)."""
-        if time.monotonic() < give_up:
-            return False
-        logger.warning("django-rlock: a hand-off of %r is still unsettled after %.1f s (the "
-                       "releasing thread's round trip hangs); the waiter carries on by itself",
-                       w.key, HANDOFF_TIMEOUT)
-        w.reserved = False
-        w.detached = True
-        ch.active -= 1
-        ch.queue.appendleft(w)
-        return True
+    def _detach_overdue(self, now: float) -> None:
+        """Under the lock (housekeeping): a hand-off whose outcome has not come within
+        ``HANDOFF_TIMEOUT`` (the releasing thread's round trip hangs) stops holding its heir:
+        the heir goes back to the head of the queue and is woken to carry on by itself."""
+        for w, (channel, since) in list(self._reserved.items()):
+            if now - since < HANDOFF_TIMEOUT:
+                continue
+            del self._reserved[w]
+            ch = self._channels.get(channel)
+            logger.warning("django-rlock: a hand-off of %r is still unsettled after %.1f s (the "
+                           "releasing thread's round trip hangs); the waiter carries on by itself",
+                           w.key, now - since)
+            w.reserved = False
+            w.detached = True
+            if ch is not None:
+                ch.active -= 1
+                ch.queue.appendleft(w)
+            w._unpark()
 
     def resolve(self, channel: bytes, w: Waiter, granted: bool) -> bool:
         """Settle a reservation. Returns False if the waiter left meanwhile (the caller must
         then release the lock on its behalf)."""
         with self._lock:
             ch = self._channels.get(channel)
+            self._reserved.pop(w, None)
             if w.detached:
                 # It stopped waiting for us: never grant behind its back, never release on its
                 # behalf (it may have acquired again as the same owner). If it still waits,
@@ -594,6 +603,8 @@ class PubSubManager:
 
     def _housekeeping(self, now: float) -> None:
         with self._lock:
+            if self._reserved:
+                self._detach_overdue(now)
             if not self._connected:
                 return
             if self._ping_at and now - self._ping_at >= _PONG_TIMEOUT:
