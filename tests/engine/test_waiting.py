@@ -269,15 +269,18 @@ def test_a_waiter_that_gives_up_during_a_hand_off_gives_it_back_itself(redis_ser
 
     proxy = FaultProxy(redis_server.socket)
     slow = redis.Redis(port=proxy.port)
+    # One client for all three: a hand-off happens only within one manager (one "process").
     releaser_lock = RLock(slow, "aba")
-    heir_lock = RLock(r, "aba")
+    heir_lock = RLock(slow, "aba")
     releaser, heir, other = holders(), holders(), holders()
     releaser.call(releaser_lock.lock)
     first = heir.submit(lambda: heir_lock.try_lock(wait_time=0.6))
     time.sleep(0.3)
-    third = other.submit(lambda: timed_lock(RLock(r, "aba"), wait_time=5))  # queued behind
+    third = other.submit(lambda: timed_lock(RLock(slow, "aba"), wait_time=5))  # queued behind
+    r.config_resetstat()
     proxy.delay_next_reply = 0.8  # the release runs now; its reply comes after the heir gave up
     releaser.call(releaser_lock.unlock)
+    assert "cmdstat_publish" not in r.info("commandstats")  # it was a hand-off
 
     # It either waited out the in-flight hand-off and holds the lock (True), or gave up and
     # takes it again now; either way nobody may take the lock from it while it is inside.
@@ -295,6 +298,6 @@ def test_a_waiter_that_gives_up_during_a_hand_off_gives_it_back_itself(redis_ser
 
     assert heir.call(again, timeout=10) == "ok"
     assert third(10)[0] is True
-    other.call(lambda: RLock(r, "aba").unlock())
+    other.call(lambda: RLock(slow, "aba").unlock())
     proxy.close()
     slow.close()
