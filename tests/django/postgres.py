@@ -2,7 +2,8 @@
 
 No TCP port (``listen_addresses=''``), no fsync, stopped and deleted afterwards. PostgreSQL
 refuses to run as root, so as root the server runs as the ``postgres`` user (made by
-Debian's package; ``$RLOCK_TEST_PG_USER`` names another) and the temp dir is given to it.
+Debian's package; else ``nobody``; ``$RLOCK_TEST_PG_USER`` names another) and the temp dir is
+given to it.
 The binaries come from ``$PG_BIN``, else ``pg_config --bindir``, else the newest
 ``/usr/lib/postgresql/<version>/bin``, else ``initdb`` on ``PATH``.
 """
@@ -45,6 +46,15 @@ def postgres_bindir() -> Path | None:
     return None
 
 
+def _server_user() -> pwd.struct_passwd:
+    """Whom the server runs as when we are root: ``$RLOCK_TEST_PG_USER``, ``postgres``, ``nobody``."""
+    wanted = os.environ.get("RLOCK_TEST_PG_USER")
+    for name in ([wanted] if wanted else ["postgres", "nobody"]):
+        with contextlib.suppress(KeyError):
+            return pwd.getpwnam(name)
+    raise RuntimeError(f"no user to run PostgreSQL as (tried {wanted or 'postgres, nobody'})")
+
+
 class PostgresServer:
     """``with PostgresServer() as pg:`` a throw-away cluster; ``pg.settings()`` for DATABASES."""
 
@@ -58,8 +68,7 @@ class PostgresServer:
         self.proc: subprocess.Popen[bytes] | None = None
         self._user: dict[str, Any] = {}
         if os.geteuid() == 0:
-            name = os.environ.get("RLOCK_TEST_PG_USER", "postgres")
-            pw = pwd.getpwnam(name)  # KeyError: no such user
+            pw = _server_user()
             os.chown(self.dir, pw.pw_uid, pw.pw_gid)
             self._user = {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": []}
 
