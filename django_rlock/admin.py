@@ -1,7 +1,9 @@
 """Admin pages for the locks in Redis, on an unmanaged model (no table), as django-rq does.
 
 The standard changelist and actions need a queryset, so the model admin serves its own views
-(through ``admin_site.admin_view``: staff login, CSRF, never_cache) and reads Redis live.
+(through ``admin_site.admin_view``: staff login, CSRF, never_cache) and reads Redis live. The
+list reads the index the lock scripts keep; ``?scan=1`` walks the keyspace instead, to find
+locks other Redisson clients took too.
 """
 
 from __future__ import annotations
@@ -20,14 +22,19 @@ from django.urls import URLPattern, path, reverse
 from redis.exceptions import RedisError
 
 from .conf import get_config
-from .inspect import LockInfo, LockInspector, glob_escape
+from .inspect import Holder, LockInfo, LockInspector, glob_escape
 from .models import Lock
+from .signals import force_unlocked_by
 
 logger = logging.getLogger("django_rlock")
 
 
 def format_ttl(ttl: float) -> str:
     return "no expiry" if ttl == float("inf") else f"{ttl:.1f} s"
+
+
+def format_held(seconds: float) -> str:
+    return f"{seconds:.1f} s"
 
 
 @admin.register(Lock)
@@ -63,11 +70,12 @@ class LockAdmin(admin.ModelAdmin):
         if not self.has_view_permission(request):
             raise PermissionDenied
         query = request.GET.get("q", "").strip()
+        scan = self._scan(request)
         per_page = get_config()["ADMIN_PAGE_SIZE"]
         inspector = LockInspector()
         try:
-            # SCAN + shape check for the names (cheap), then HGETALL + PTTL for one page only.
-            names = inspector.names(f"*{glob_escape(query)}*" if query else "*")
+            # Names from the index (or SCAN), then HGETALL + PTTL for one page only.
+            names = inspector.names(f"*{glob_escape(query)}*" if query else "*", scan=scan)
             paginator = Paginator(names, per_page)
             page = paginator.get_page(request.GET.get("p"))
             rows = [self._row(request, info) for info in inspector.fetch(page.object_list)]
@@ -83,9 +91,13 @@ class LockAdmin(admin.ModelAdmin):
             "subtitle": None,
             "rows": rows,
             "query": query,
+            "scan": scan,
+            "scan_toggle_url": "?" + urlencode(({"q": query} if query else {})
+                                                | ({} if scan else {"scan": 1})),
+            "show_all_url": "?" + urlencode({"scan": 1} if scan else {}),
             "page_obj": page,
             "paginator": paginator,
-            "page_links": self._page_links(paginator, page.number, query),
+            "page_links": self._page_links(paginator, page.number, query, scan),
             "prefix": inspector.prefix,
             "cache_alias": inspector.alias,
             "has_force_unlock_permission": self.has_force_unlock_permission(request),
@@ -106,6 +118,7 @@ class LockAdmin(admin.ModelAdmin):
             "title": f"Lock {name}",
             "subtitle": None,
             "lock": self._row(request, info),
+            "changelist_url": self._changelist_url(request),
             "prefix": inspector.prefix,
             "cache_alias": inspector.alias,
             "has_force_unlock_permission": self.has_force_unlock_permission(request),
@@ -118,11 +131,12 @@ class LockAdmin(admin.ModelAdmin):
             return HttpResponseNotAllowed(["GET", "POST"])
         if not self.has_force_unlock_permission(request):
             raise PermissionDenied
-        changelist = reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_changelist",
-                             current_app=self.admin_site.name)
+        changelist = self._changelist_url(request)
         inspector = LockInspector()
         if request.method == "POST":
-            if inspector.clear([name]):
+            with force_unlocked_by(request.user):  # the lock_force_unlocked signal names the user
+                cleared = inspector.clear([name])
+            if cleared:
                 logger.warning("django-rlock: %r force-unlocked by admin user %r", name,
                                request.user.get_username())
                 LogEntry.objects.log_actions(request.user.pk, [Lock(name=name)], DELETION,
@@ -150,8 +164,10 @@ class LockAdmin(admin.ModelAdmin):
         return [f"admin/{self.opts.app_label}/{self.opts.model_name}/{page}.html"]
 
     @staticmethod
-    def _page_links(paginator: Paginator, current: int, query: str) -> list[dict[str, Any]]:
-        """Numbered links (elided like the admin's: 1 2 … 9 10 11 … 24 25) keeping the search."""
+    def _page_links(paginator: Paginator, current: int, query: str, scan: bool
+                    ) -> list[dict[str, Any]]:
+        """Numbered links (elided like the admin's: 1 2 … 9 10 11 … 24 25) keeping the search
+        and the listing mode."""
         if paginator.num_pages <= 1:
             return []
         links = []
@@ -159,20 +175,54 @@ class LockAdmin(admin.ModelAdmin):
             if not isinstance(number, int):
                 links.append({"ellipsis": True, "label": str(number)})
                 continue
-            params = {"q": query, "p": number} if query else {"p": number}
+            params = ({"q": query} if query else {}) | ({"scan": 1} if scan else {}) | {"p": number}
             links.append({"number": number, "current": number == current,
                           "url": "?" + urlencode(params)})
         return links
 
+    @staticmethod
+    def _scan(request: HttpRequest) -> bool:
+        """``?scan=1``: list by SCAN. Carried to the detail and force-unlock pages and back, so
+        a lock only SCAN finds is not followed by a list that hides it."""
+        return request.GET.get("scan") == "1"
+
+    def _changelist_url(self, request: HttpRequest) -> str:
+        url = reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_changelist",
+                      current_app=self.admin_site.name)
+        return url + ("?scan=1" if self._scan(request) else "")
+
     def _row(self, request: HttpRequest, info: LockInfo) -> dict[str, Any]:
         prefix = f"admin:{self.opts.app_label}_{self.opts.model_name}"
+        mode = "?scan=1" if self._scan(request) else ""
         return {
             "name": info.name,
             "key": info.key,
-            "holders": info.holders,
+            "holders": [self._holder(h) for h in info.holders],
+            "known": all(h.pid is not None for h in info.holders),
             "fields": sorted(info.fields.items()),
             "ttl": format_ttl(info.ttl),
-            "detail_url": reverse(f"{prefix}_detail", args=[info.name], current_app=self.admin_site.name),
+            "detail_url": reverse(f"{prefix}_detail", args=[info.name],
+                                  current_app=self.admin_site.name) + mode,
             "force_unlock_url": reverse(f"{prefix}_force_unlock", args=[info.name],
-                                        current_app=self.admin_site.name),
+                                        current_app=self.admin_site.name) + mode,
+        }
+
+    def _holder(self, h: Holder) -> dict[str, Any]:
+        """A holder for the templates: what is unknown (a lock another Redisson client took has
+        no index entry) reads as the admin's empty value."""
+        empty = self.get_empty_value_display()
+
+        def shown(value: Any) -> Any:
+            return empty if value is None else value
+
+        return {
+            "owner": f"{h.client_id}:{h.thread_id}",
+            "hold_count": h.hold_count,
+            "host": shown(h.host),
+            "pid": shown(h.pid),
+            "process": shown(h.process),
+            "thread": shown(h.thread),
+            "os_thread_id": shown(h.os_thread_id),
+            "held": empty if h.held_for is None else format_held(h.held_for),
+            "known": h.pid is not None,
         }

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import re
+import socket
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import unquote
 
@@ -16,12 +19,14 @@ from django.test import Client
 from django.urls import resolve, reverse
 
 from django_rlock import get_lock
-from django_rlock.engine import RLock
+from django_rlock.engine import RLock, identity
+from django_rlock.signals import lock_force_unlocked
 from tests.django.conftest import write_lock
 
 pytestmark = pytest.mark.django_db
 
 CHANGELIST = "admin:django_rlock_lock_changelist"
+PREFIX = "demo:rlock:"
 
 
 def detail_url(name: str) -> str:
@@ -84,7 +89,7 @@ def test_staff_without_permission_is_forbidden(staff: Callable[..., Client], db1
 
 
 def test_view_permission_sees_but_cannot_unlock(staff: Callable[..., Client], db1: redis.Redis) -> None:
-    write_lock(db1, "demo:rlock:job", owner="client-a:11", count=2)
+    write_lock(db1, "demo:rlock:job", owner="client-a:11", count=2, indexed=PREFIX)
     c = staff("view_lock")
     index = c.get(reverse("admin:index")).content.decode()
     assert 'href="/admin/django_rlock/lock/"' in index and "Distributed locks" in index
@@ -107,7 +112,7 @@ def test_view_permission_sees_but_cannot_unlock(staff: Callable[..., Client], db
 
 
 def test_force_unlock_permission(staff: Callable[..., Client], db1: redis.Redis) -> None:
-    write_lock(db1, "demo:rlock:job")
+    write_lock(db1, "demo:rlock:job", indexed=PREFIX)
     c = staff("view_lock", "force_unlock")
     assert unlock_url("job") in c.get(reverse(CHANGELIST)).content.decode()
     response = c.post(unlock_url("job"))
@@ -179,7 +184,7 @@ def test_detail_shows_raw_hash_and_ttl(admin_client: Client, db1: redis.Redis) -
 
 def test_search(admin_client: Client, db1: redis.Redis) -> None:
     for name in ("orders:1", "orders:2", "emails:1", "x*y"):
-        write_lock(db1, f"demo:rlock:{name}")
+        write_lock(db1, f"demo:rlock:{name}", indexed=PREFIX)
     html = admin_client.get(reverse(CHANGELIST), {"q": "orders"}).content.decode()
     assert "orders:1" in html and "orders:2" in html and "emails:1" not in html
     assert "2 results" in html
@@ -195,8 +200,7 @@ def lock_names(html: str) -> list[str]:
 def test_pagination_with_thousands_of_locks(admin_client: Client, db1: redis.Redis) -> None:
     pipe = db1.pipeline(transaction=False)
     for i in range(2500):
-        pipe.hset(f"demo:rlock:job:{i:04d}", f"client-{i}:{i + 1}", 1)
-        pipe.pexpire(f"demo:rlock:job:{i:04d}", 60_000)
+        write_lock(pipe, f"demo:rlock:job:{i:04d}", f"client-{i}:{i + 1}", ttl_ms=60_000, indexed=PREFIX)
     for i in range(300):  # noise the listing must skip
         pipe.set(f"demo:rlock:noise:{i}", 1)
     pipe.execute()
@@ -227,7 +231,7 @@ def test_pagination_with_thousands_of_locks(admin_client: Client, db1: redis.Red
 def test_page_size_setting(settings: Any, admin_client: Client, db1: redis.Redis) -> None:
     settings.RLOCK = {"ADMIN_PAGE_SIZE": 2}
     for i in range(5):
-        write_lock(db1, f"demo:rlock:l{i}")
+        write_lock(db1, f"demo:rlock:l{i}", indexed=PREFIX)
     html = admin_client.get(reverse(CHANGELIST), {"p": 3}).content.decode()
     assert lock_names(html) == ["l4"] and "5 locks, page 3 of 3" in html
 
@@ -238,3 +242,100 @@ def test_redis_down_shows_an_error(settings: Any, admin_client: Client, tmp_path
     response = admin_client.get(reverse(CHANGELIST))
     assert response.status_code == 200
     assert "Could not read the locks from Redis" in response.content.decode()
+
+
+# -- who holds it, and the SCAN listing ------------------------------------------------------
+def cells(html: str, name: str) -> dict[str, str]:
+    """The cells of one list row (or the detail's holder row), by class, tags stripped."""
+    row = re.search(rf'<tr class="lock-row" data-name="{re.escape(name)}">(.*?)</tr>', html, re.DOTALL)
+    assert row is not None, f"no row {name!r}"
+    return {m[0]: re.sub(r"<[^>]+>", "", m[1]).strip()
+            for m in re.findall(r'<td class="([\w-]+)">(.*?)</td>', row.group(1), re.DOTALL)}
+
+
+@pytest.fixture
+def process_label() -> Iterator[str]:
+    label = "celery worker ForkPoolWorker-2"
+    identity.set_process_label(label)
+    yield label
+    identity.set_process_label(None)
+
+
+def test_list_detail_and_confirmation_show_where_a_lock_is_held(
+        admin_client: Client, hold: Callable[..., RLock], db1: redis.Redis, process_label: str) -> None:
+    lock = hold(get_lock("reports/daily"), times=2, thread="worker-7")
+    field = db1.hkeys(lock.key)[0].decode()
+    ident = next(t.ident for t in threading.enumerate() if t.name == "worker-7")
+    time.sleep(0.15)
+    where = {"holders": field, "hold-count": "2", "host": socket.gethostname(), "pid": str(os.getpid()),
+             "process": process_label, "thread": "worker-7"}
+
+    row = cells(admin_client.get(reverse(CHANGELIST)).content.decode(), "reports/daily")
+    assert {k: row[k] for k in where} == where
+    assert re.fullmatch(r"\d+\.\d s", row["held"]) and float(row["held"][:-2]) >= 0.1
+    assert row["ttl"].endswith(" s")
+
+    html = admin_client.get(detail_url("reports/daily")).content.decode()
+    holder = re.search(r'<tr class="holder">(.*?)</tr>', html, re.DOTALL).group(1)  # type: ignore[union-attr]
+    shown = dict(re.findall(r'<td class="([\w-]+)">(?:<code>)?(.*?)(?:</code>)?</td>', holder))
+    assert shown | {"held": ""} == {"owner": field, "hold-count": "2", "host": socket.gethostname(),
+                                    "pid": str(os.getpid()), "process": process_label,
+                                    "thread": "worker-7", "os-thread-id": str(ident), "held": ""}
+    assert "taken by another Redisson client" not in html
+
+    html = admin_client.get(unlock_url("reports/daily")).content.decode()
+    assert f"{process_label}, pid {os.getpid()} on {socket.gethostname()}, thread worker-7, held for" in html
+
+
+def test_scan_lists_locks_of_other_clients(settings: Any, admin_client: Client,
+                                           hold: Callable[..., RLock], db1: redis.Redis) -> None:
+    """A lock with no index entry (another Redisson client's) shows only with ?scan=1, which
+    search, pages, the detail and the force-unlock keep."""
+    settings.RLOCK = {"ADMIN_PAGE_SIZE": 1}
+    hold(get_lock("ours"))
+    write_lock(db1, "demo:rlock:theirs", owner="java-uuid:42", count=3)
+
+    html = admin_client.get(reverse(CHANGELIST)).content.decode()
+    assert lock_names(html) == ["ours"]
+    assert '<a href="?scan=1" id="scan-toggle">Scan every key</a>' in html
+    assert "also finds locks taken by other Redisson clients" in html and "visits every key" in html
+
+    html = admin_client.get(reverse(CHANGELIST), {"scan": "1"}).content.decode()
+    assert "2 locks, page 1 of 2" in html and '<a href="?scan=1&amp;p=2">2</a>' in html
+    assert '<a href="?" id="scan-toggle">List from the index</a>' in html
+    html = admin_client.get(reverse(CHANGELIST), {"scan": "1", "p": 2}).content.decode()
+    assert lock_names(html) == ["theirs"]
+    row = cells(html, "theirs")
+    assert (row["holders"], row["hold-count"]) == ("java-uuid:42", "3")
+    assert [row[k] for k in ("host", "pid", "process", "thread", "held")] == ["-"] * 5
+    assert f'href="{detail_url("theirs")}?scan=1"' in html and f'href="{unlock_url("theirs")}?scan=1"' in html
+
+    html = admin_client.get(reverse(CHANGELIST), {"scan": "1", "q": "the"}).content.decode()
+    assert lock_names(html) == ["theirs"] and '<input type="hidden" name="scan" value="1">' in html
+    assert '<a href="?scan=1">Show all</a>' in html
+    assert '<a href="?q=the" id="scan-toggle">' in html
+    html = admin_client.get(reverse(CHANGELIST), {"q": "the"}).content.decode()
+    assert lock_names(html) == [] and '<a href="?q=the&amp;scan=1" id="scan-toggle">' in html
+
+    detail = admin_client.get(detail_url("theirs"), {"scan": "1"}).content.decode()
+    assert f'<a href="{reverse(CHANGELIST)}?scan=1">' in detail
+    assert "taken by another Redisson client" in detail
+    response = admin_client.post(unlock_url("theirs") + "?scan=1")
+    assert response["Location"] == reverse(CHANGELIST) + "?scan=1"
+    assert not db1.exists("demo:rlock:theirs")
+
+
+def test_force_unlock_signal_names_the_admin_user(admin_user: Any, admin_client: Client,
+                                                  hold: Callable[..., RLock]) -> None:
+    seen: list[dict[str, Any]] = []
+
+    def receiver(sender: Any, **kwargs: Any) -> None:
+        seen.append(kwargs)
+
+    hold(get_lock("job"))
+    lock_force_unlocked.connect(receiver)
+    try:
+        admin_client.post(unlock_url("job"))
+    finally:
+        lock_force_unlocked.disconnect(receiver)
+    assert [(s["name"], s["user"]) for s in seen] == [("job", admin_user)]

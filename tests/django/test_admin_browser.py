@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -109,6 +110,11 @@ def test_force_unlock_in_the_browser(browser: Any, live_server: Any, django_user
     assert row.find_element(By.CSS_SELECTOR, "td.holders").text == owner
     assert row.find_element(By.CSS_SELECTOR, "td.hold-count").text == "1"
     assert row.find_element(By.CSS_SELECTOR, "td.ttl").text.endswith(" s")
+    # Where it is held, from the index entry the holder process's acquire wrote.
+    assert row.find_element(By.CSS_SELECTOR, "td.pid").text == str(proc.pid)
+    assert row.find_element(By.CSS_SELECTOR, "td.host").text == socket.gethostname()
+    assert row.find_element(By.CSS_SELECTOR, "td.thread").text == "MainThread"
+    assert row.find_element(By.CSS_SELECTOR, "td.held").text.endswith(" s")
 
     row.find_element(By.CSS_SELECTOR, "a.force-unlock").click()
     confirm = wait.until(ec.element_to_be_clickable((By.ID, "confirm-force-unlock")))

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import socket
 import subprocess
 import sys
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Iterator
 from io import StringIO
 from pathlib import Path
 from typing import Any
@@ -18,8 +22,9 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from django_rlock import get_lock
-from django_rlock.engine import RLock
+from django_rlock.engine import RLock, identity
 from django_rlock.inspect import LockInspector, glob_escape
+from django_rlock.signals import lock_force_unlocked
 from tests.django.conftest import DJANGO_REDIS_DB, write_lock
 from tests.redis_server import RedisServer
 
@@ -55,43 +60,164 @@ FOREIGN = {"x": 1, "plain-hash": {b"field": b"value"}, "almost": {b"owner:12": b
            "string": b"v", "elsewhere": {b"a:1": b"1"}}
 
 
+
+
+
 # -- list -----------------------------------------------------------------------------------
+HEADER = ["NAME", "HOLDER", "HOLDS", "HOST", "PID", "PROCESS", "THREAD", "HELD", "TTL"]
+
+
+def table(out: str) -> list[dict[str, str]]:
+    """The rows of ``locks list``'s table, cut at the header's columns (cells may hold spaces)."""
+    lines = out.splitlines()
+    assert lines[0].split() == HEADER
+    starts = [m.start() for m in re.finditer(r"\S+", lines[0])]
+    bounds = [*starts[1:], None]
+    return [{h: line[a:b].strip() for h, a, b in zip(HEADER, starts, bounds, strict=True)}
+            for line in lines[1:-1]]
+
+
+@pytest.fixture
+def process_label() -> Iterator[str]:
+    """A process label with spaces, as a Celery child has; put back to the guess afterwards."""
+    label = "celery worker ForkPoolWorker-2"
+    identity.set_process_label(label)
+    yield label
+    identity.set_process_label(None)
+
+
+def thread_named(name: str) -> threading.Thread:
+    return next(t for t in threading.enumerate() if t.name == name)
+
+
 def test_list_table_and_json(hold: Callable[..., RLock], db1: redis.Redis) -> None:
     foreign_keys(db1)
     lock = hold(get_lock("orders/42:pay"), times=2)
     write_lock(db1, "demo:rlock:batch", owner="java-client:77", count=1, ttl_ms=None)
+    field = db1.hkeys(lock.key)[0].decode()
 
-    table = run("list")
-    lines = table.splitlines()
-    assert lines[0].split() == ["NAME", "CLIENT", "ID", "THREAD", "ID", "HOLDS", "TTL"]
-    client_id, thread_id = db1.hkeys(lock.key)[0].decode().rsplit(":", 1)
-    assert lines[1].split() == ["batch", "java-client", "77", "1", "no", "expiry"]
-    name, cid, tid, holds, ttl = lines[2].split()
-    assert (name, cid, tid, holds) == ("orders/42:pay", client_id, thread_id, "2")
-    assert 25 < float(ttl.rstrip("s")) <= 30
-    assert lines[3] == "2 lock(s) under prefix 'demo:rlock:'."
-    assert "plain-hash" not in table and "almost" not in table and "string" not in table
+    out = run("list")  # the index: the lock another client wrote by hand is not in it
+    [row] = table(out)
+    assert (row["NAME"], row["HOLDER"], row["HOLDS"]) == ("orders/42:pay", field, "2")
+    assert 25 < float(row["TTL"].rstrip("s")) <= 30
+    assert out.splitlines()[-1] == "1 lock(s) under prefix 'demo:rlock:'."
 
-    data = json.loads(run("list", format="json"))
+    out = run("list", "--scan")
+    batch, orders = table(out)
+    assert batch == {"NAME": "batch", "HOLDER": "java-client:77", "HOLDS": "1", "HOST": "-", "PID": "-",
+                     "PROCESS": "-", "THREAD": "-", "HELD": "-", "TTL": "no expiry"}
+    assert orders == row | {"HELD": orders["HELD"], "TTL": orders["TTL"]}
+    assert out.splitlines()[-1] == "2 lock(s) under prefix 'demo:rlock:'."
+    assert "plain-hash" not in out and "almost" not in out and "string" not in out
+
+    data = json.loads(run("list", "--scan", format="json"))
     assert [d["name"] for d in data] == ["batch", "orders/42:pay"]
-    assert data[0] == {"name": "batch", "key": "demo:rlock:batch", "ttl": None,
-                       "holders": [{"client_id": "java-client", "thread_id": 77, "hold_count": 1}]}
-    assert data[1]["holders"] == [{"client_id": client_id, "thread_id": int(thread_id), "hold_count": 2}]
+    assert data[0] == {"name": "batch", "key": "demo:rlock:batch", "ttl": None, "holders": [
+        {"client_id": "java-client", "thread_id": 77, "hold_count": 1, "host": None, "pid": None,
+         "process": None, "thread": None, "held_for": None}]}
+    client_id, thread_id = field.rsplit(":", 1)
+    [holder] = data[1]["holders"]
+    assert (holder["client_id"], holder["thread_id"], holder["hold_count"]) == (client_id, int(thread_id), 2)
     assert 25 < data[1]["ttl"] <= 30
+    [indexed] = json.loads(run("list", format="json"))
+    assert indexed["name"] == "orders/42:pay" and indexed["holders"][0]["pid"] == os.getpid()
+
+
+def test_list_shows_where_a_lock_is_held(hold: Callable[..., RLock], db1: redis.Redis,
+                                         process_label: str) -> None:
+    """A real lock on a live thread: host, pid, process label, thread name and how long."""
+    lock = hold(get_lock("reports/daily"), times=2, thread="worker-7")
+    field = db1.hkeys(lock.key)[0].decode()
+    time.sleep(0.15)
+
+    [row] = table(run("list"))
+    assert {k: row[k] for k in ("NAME", "HOLDER", "HOLDS", "HOST", "PID", "PROCESS", "THREAD")} == {
+        "NAME": "reports/daily", "HOLDER": field, "HOLDS": "2", "HOST": socket.gethostname(),
+        "PID": str(os.getpid()), "PROCESS": process_label, "THREAD": "worker-7"}
+    assert re.fullmatch(r"\d+\.\ds", row["HELD"]) and 0.1 <= float(row["HELD"][:-1]) < 10
+
+    [info] = json.loads(run("list", format="json"))
+    [holder] = info["holders"]
+    assert list(holder) == ["client_id", "thread_id", "hold_count", "host", "pid", "process", "thread",
+                            "held_for"]
+    client_id, thread_id = field.rsplit(":", 1)
+    assert {**holder, "held_for": None} == {
+        "client_id": client_id, "thread_id": int(thread_id), "hold_count": 2,
+        "host": socket.gethostname(), "pid": os.getpid(), "process": process_label,
+        "thread": "worker-7", "held_for": None}
+    assert 0.1 <= holder["held_for"] < 10
+
+    out = run("show", "reports/daily")
+    ident = thread_named("worker-7").ident
+    for line in (f"holder:         {field}", "  hold count:   2", f"  host:         {socket.gethostname()}",
+                 f"  pid:          {os.getpid()}", f"  process:      {process_label}",
+                 "  thread:       worker-7", f"  os thread id: {ident}", f"  {field} -> 2"):
+        assert line in out.splitlines(), (line, out)
+    assert re.search(r"^  held for:     \d+\.\ds$", out, re.MULTILINE)
+    shown = json.loads(run("show", "reports/daily", format="json"))
+    [h] = shown["holders"]
+    assert {**h, "held_for": None} == {**holder, "held_for": None, "os_thread_id": ident}
+
+
+def test_foreign_lock_is_listed_only_with_scan(db1: redis.Redis) -> None:
+    """Another Redisson client (Java, Node) writes no index entry: --scan finds its lock,
+    with what is unknown about the holder as nulls."""
+    write_lock(db1, "demo:rlock:from-java", owner="java-uuid:42", count=3)
+    assert run("list") == "No locks under prefix 'demo:rlock:'.\n"
+    assert json.loads(run("list", format="json")) == []
+    [row] = table(run("list", "--scan"))
+    assert row["HOLDER"] == "java-uuid:42" and row["HOLDS"] == "3"
+    assert [row[k] for k in ("HOST", "PID", "PROCESS", "THREAD", "HELD")] == ["-"] * 5
+    [info] = json.loads(run("list", "--scan", format="json"))
+    assert info["holders"] == [{"client_id": "java-uuid", "thread_id": 42, "hold_count": 3, "host": None,
+                                "pid": None, "process": None, "thread": None, "held_for": None}]
+    out = run("show", "from-java")  # show reads the key itself: no listing involved
+    assert "  process:      -" in out and "  os thread id: -" in out and "  java-uuid:42 -> 3" in out
+    assert json.loads(run("show", "from-java", format="json"))["holders"][0]["os_thread_id"] is None
+    assert not db1.exists("rlock-index:demo:rlock:")  # listing never writes the index
+
+
+def test_gone_behind_the_index_is_not_listed_and_pruned(hold: Callable[..., RLock],
+                                                        db1: redis.Redis) -> None:
+    """Deleted or expired without the scripts knowing: not listed, and the entry pruned."""
+    locks = [hold(get_lock(name)) for name in ("deleted", "expired", "live")]
+    index = "rlock-index:demo:rlock:"
+    assert sorted(db1.hkeys(index)) == sorted(lock.key.encode() for lock in locks)
+    db1.delete("demo:rlock:deleted")
+    db1.pexpire("demo:rlock:expired", 1)
+    time.sleep(0.05)
+    assert [d["name"] for d in json.loads(run("list", format="json"))] == ["live"]
+    assert db1.hkeys(index) == [b"demo:rlock:live"]
+    assert [row["NAME"] for row in table(run("list"))] == ["live"]
+
+
+def test_listed_right_after_lock_returns(db1: redis.Redis) -> None:
+    """The acquire script writes the index entry: no delay between lock() and the listing, and
+    release removes it as it deletes the key."""
+    lock = get_lock("fresh")
+    lock.lock()
+    try:
+        [info] = json.loads(run("list", format="json"))
+        assert info["name"] == "fresh" and info["holders"][0]["thread"] == threading.current_thread().name
+    finally:
+        lock.unlock()
+    assert json.loads(run("list", format="json")) == []
+    assert not db1.exists("rlock-index:demo:rlock:")
 
 
 def test_list_match_and_empty(db1: redis.Redis) -> None:
     assert run("list") == "No locks under prefix 'demo:rlock:'.\n"
     assert json.loads(run("list", "--format", "json")) == []
     for name in ("report:1", "report:2", "email:1"):
-        write_lock(db1, f"demo:rlock:{name}")
-    assert [d["name"] for d in json.loads(run("list", "--match", "report:*", "--format=json"))] == [
-        "report:1", "report:2"]
+        write_lock(db1, f"demo:rlock:{name}", indexed="demo:rlock:")
+    for scan in ([], ["--scan"]):
+        assert [d["name"] for d in json.loads(run("list", "--match", "report:*", "--format=json", *scan))
+                ] == ["report:1", "report:2"]
 
 
 def test_list_other_cache(settings: Any, redis_server: RedisServer) -> None:
     with redis_server.client(db=2) as c:
-        write_lock(c, "site2:rlock:on-builtin")
+        write_lock(c, "site2:rlock:on-builtin", indexed="site2:rlock:")
     assert [d["name"] for d in json.loads(run("list", "--cache", "builtin", format="json"))] == [
         "on-builtin"]
     assert json.loads(run("list", format="json")) == []
@@ -99,21 +225,30 @@ def test_list_other_cache(settings: Any, redis_server: RedisServer) -> None:
 
 def test_prefix_with_glob_characters(settings: Any, db1: redis.Redis) -> None:
     settings.RLOCK = {"PREFIX": "l[1]*:"}
-    write_lock(db1, "l[1]*:mine")
+    write_lock(db1, "l[1]*:mine", indexed="l[1]*:")
     write_lock(db1, "l1x:not-mine")  # would match the unescaped glob "l[1]*:*"
     assert glob_escape("l[1]*:") == r"l\[1\]\*:"
     assert LockInspector().names() == ["mine"]
+    assert LockInspector().names(scan=True) == ["mine"]
 
 
-def test_decode_responses_client(db1: redis.Redis, redis_server: RedisServer) -> None:
-    write_lock(db1, "demo:rlock:text", owner="abc:5", count=3)
+def test_decode_responses_client(monkeypatch: pytest.MonkeyPatch, db1: redis.Redis,
+                                 redis_server: RedisServer) -> None:
+    write_lock(db1, "demo:rlock:text", owner="abc:5", count=3, indexed="demo:rlock:", host="web-1",
+               pid=12, process="runserver", thread="Thread-3", os_thread_id=99)
+    write_lock(db1, "demo:rlock:java", owner="java:6")
     db1.hset("demo:rlock:plain", "k", "v")
+    text_client = redis_server.client(db=DJANGO_REDIS_DB, decode_responses=True)
+    monkeypatch.setattr("django_rlock.inspect.get_client", lambda alias: text_client)
     inspector = LockInspector()
-    inspector.client = redis_server.client(db=DJANGO_REDIS_DB, decode_responses=True)
     [info] = inspector.locks()
-    assert (info.name, info.holders[0].client_id, info.holders[0].hold_count) == ("text", "abc", 3)
+    holder = info.holders[0]
+    assert (info.name, holder.client_id, holder.hold_count) == ("text", "abc", 3)
+    assert (holder.host, holder.pid, holder.process, holder.thread) == ("web-1", 12, "runserver", "Thread-3")
+    assert [i.name for i in inspector.locks(scan=True)] == ["java", "text"]
     assert inspector.show("text").fields == {"abc:5": "3"}  # type: ignore[union-attr]
     assert inspector.clear_all() == ["text"]
+    assert inspector.clear_all(scan=True) == ["java"]
     assert db1.exists("demo:rlock:plain")
 
 
@@ -146,7 +281,7 @@ def manage(redis_server: RedisServer, *args: str,
 
 def test_exit_status_from_the_command_line(redis_server: RedisServer, db1: redis.Redis) -> None:
     """Through manage.py and testproject.settings (REDIS_URL): exit 1 on an unknown lock."""
-    write_lock(db1, "demo:rlock:cli")
+    write_lock(db1, "demo:rlock:cli", indexed="demo:rlock:")
     ok = manage(redis_server, "show", "cli")
     assert ok.returncode == 0, ok.stderr
     assert "demo:rlock:cli" in ok.stdout
@@ -164,12 +299,14 @@ def test_exit_status_from_the_command_line(redis_server: RedisServer, db1: redis
 def test_clear_all_no_input_leaves_other_keys(hold: Callable[..., RLock], db1: redis.Redis) -> None:
     foreign_keys(db1)
     hold(get_lock("held"))
-    write_lock(db1, "demo:rlock:written")
-    out = run("clear", "--all", "--no-input")
-    assert "Force-unlocked 2 lock(s)." in out
-    assert not db1.exists("demo:rlock:held") and not db1.exists("demo:rlock:written")
-    assert foreign_state(db1) == FOREIGN
+    write_lock(db1, "demo:rlock:written")  # not in the index: only --scan finds it
+    assert "Force-unlocked 1 lock(s)." in run("clear", "--all", "--no-input")
+    assert not db1.exists("demo:rlock:held") and db1.exists("demo:rlock:written")
     assert run("clear", "--all", interactive=False) == "No locks to clear.\n"
+    assert "Force-unlocked 1 lock(s)." in run("clear", "--all", "--scan", "--no-input")
+    assert not db1.exists("demo:rlock:written")
+    assert foreign_state(db1) == FOREIGN
+    assert run("clear", "--all", "--scan", interactive=False) == "No locks to clear.\n"
 
 
 def test_clear_names(db1: redis.Redis) -> None:
@@ -199,10 +336,12 @@ def test_clear_needs_names_or_all() -> None:
         run("clear", "--no-input")
     with pytest.raises(CommandError, match="names or --all"):
         run("clear", "a", "--all", "--no-input")
+    with pytest.raises(CommandError, match="--scan goes with --all"):
+        run("clear", "a", "--scan", "--no-input")
 
 
 def test_clear_asks_for_confirmation(monkeypatch: pytest.MonkeyPatch, db1: redis.Redis) -> None:
-    write_lock(db1, "demo:rlock:keep")
+    write_lock(db1, "demo:rlock:keep", indexed="demo:rlock:")
     prompts: list[str] = []
     answers = iter(["no", "YES", "yes"])
     monkeypatch.setattr("builtins.input", lambda prompt="": prompts.append(prompt) or next(answers))
@@ -214,6 +353,22 @@ def test_clear_asks_for_confirmation(monkeypatch: pytest.MonkeyPatch, db1: redis
     assert db1.exists("demo:rlock:keep")
     assert "Force-unlocked 1 lock(s)." in run("clear", "keep")
     assert not db1.exists("demo:rlock:keep")
+
+
+def test_clear_signal_has_no_user(hold: Callable[..., RLock]) -> None:
+    """The command force-unlocks as nobody in particular: lock_force_unlocked gets user=None."""
+    seen: list[dict[str, Any]] = []
+
+    def receiver(sender: Any, **kwargs: Any) -> None:
+        seen.append(kwargs)
+
+    hold(get_lock("job"))
+    lock_force_unlocked.connect(receiver)
+    try:
+        run("clear", "job", "--no-input")
+    finally:
+        lock_force_unlocked.disconnect(receiver)
+    assert [(s["name"], s["user"]) for s in seen] == [("job", None)]
 
 
 def test_clear_wakes_a_waiter(hold: Callable[..., RLock], db1: redis.Redis) -> None:

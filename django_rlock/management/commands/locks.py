@@ -9,11 +9,24 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from redis.exceptions import RedisError
 
-from django_rlock.inspect import LockInspector
+from django_rlock.inspect import Holder, LockInfo, LockInspector
+
+#: Shown for what is unknown: holders another Redisson client wrote have no index entry.
+UNKNOWN = "-"
+SCAN_HELP = ("Walk the whole keyspace with SCAN instead of reading the index: also finds locks "
+             "taken by other Redisson clients (Java, Node), but visits every key in the database.")
 
 
 def format_ttl(ttl: float) -> str:
     return "no expiry" if ttl == float("inf") else f"{ttl:.3f}s"
+
+
+def format_held(seconds: float | None) -> str:
+    return UNKNOWN if seconds is None else f"{seconds:.1f}s"
+
+
+def _cell(value: Any) -> str:
+    return UNKNOWN if value is None else str(value)
 
 
 class Command(BaseCommand):
@@ -28,17 +41,20 @@ class Command(BaseCommand):
                            help="Cache alias whose Redis holds the locks (default: RLOCK['CACHE']).")
             return p
 
-        p = command("list", "List every live lock: name, holders (client id, thread id, hold count), TTL.")
+        p = command("list", "List every live lock: name, holders (client id, thread id, hold count, "
+                            "host, pid, process, thread, how long held), TTL.")
         p.add_argument("--match", default="*", help="Only names matching this Redis glob (default: *).")
         p.add_argument("--format", choices=["table", "json"], default="table")
+        p.add_argument("--scan", action="store_true", help=SCAN_HELP)
 
-        p = command("show", "Show the raw hash and TTL of one lock.")
+        p = command("show", "Show one lock: its holders, TTL and raw hash.")
         p.add_argument("name")
         p.add_argument("--format", choices=["table", "json"], default="table")
 
         p = command("clear", "Force-unlock locks (delete them and wake their waiters).")
         p.add_argument("names", nargs="*", metavar="NAME")
         p.add_argument("--all", action="store_true", help="Force-unlock every live lock.")
+        p.add_argument("--scan", action="store_true", help=f"With --all: {SCAN_HELP}")
         p.add_argument("--noinput", "--no-input", action="store_false", dest="interactive",
                        help="Do not ask for confirmation.")
 
@@ -51,16 +67,19 @@ class Command(BaseCommand):
         except RedisError as exc:
             raise CommandError(f"Redis error: {exc}") from exc
 
-    def handle_list(self, inspector: LockInspector, *, match: str, format: str, **options: Any) -> None:
-        locks = inspector.locks(match)
+    def handle_list(self, inspector: LockInspector, *, match: str, format: str, scan: bool,
+                    **options: Any) -> None:
+        locks = inspector.locks(match, scan=scan)
         if format == "json":
             self.stdout.write(json.dumps([info.as_dict() for info in locks], indent=2))
             return
         if not locks:
             self.stdout.write(f"No locks under prefix {inspector.prefix!r}.")
             return
-        header = ("NAME", "CLIENT ID", "THREAD ID", "HOLDS", "TTL")
-        rows = [(info.name, h.client_id, str(h.thread_id), str(h.hold_count), format_ttl(info.ttl))
+        header = ("NAME", "HOLDER", "HOLDS", "HOST", "PID", "PROCESS", "THREAD", "HELD", "TTL")
+        rows = [(info.name, f"{h.client_id}:{h.thread_id}", str(h.hold_count), _cell(h.host),
+                 _cell(h.pid), _cell(h.process), _cell(h.thread), format_held(h.held_for),
+                 format_ttl(info.ttl))
                 for info in locks for h in info.holders]
         widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
         self.stdout.write(self.style.MIGRATE_HEADING(_row(header, widths)))
@@ -73,17 +92,23 @@ class Command(BaseCommand):
         if info is None:
             raise CommandError(f"No lock {name!r} (key {inspector.prefix + name!r}) is held.")
         if format == "json":
-            self.stdout.write(json.dumps({**info.as_dict(), "hash": info.fields}, indent=2))
+            self.stdout.write(json.dumps(_show_json(info), indent=2))
             return
-        self.stdout.write(f"name: {info.name}\nkey:  {info.key}\nttl:  {format_ttl(info.ttl)}\nhash:")
+        self.stdout.write(f"name: {info.name}\nkey:  {info.key}\nttl:  {format_ttl(info.ttl)}")
+        for h in info.holders:
+            self.stdout.write(_show_holder(h))
+        self.stdout.write("hash:")
         for f, v in info.fields.items():
             self.stdout.write(f"  {f} -> {v}")
 
-    def handle_clear(self, inspector: LockInspector, *, names: list[str], all: bool, interactive: bool,
-                     **options: Any) -> None:
+    def handle_clear(self, inspector: LockInspector, *, names: list[str], all: bool, scan: bool,
+                     interactive: bool, **options: Any) -> None:
         if all == bool(names):
             raise CommandError("Give lock names or --all (not both).")
-        targets = inspector.names() if all else [i.name for i in inspector.fetch(dict.fromkeys(names))]
+        if scan and not all:
+            raise CommandError("--scan goes with --all (named locks are read directly).")
+        targets = (inspector.names(scan=scan) if all
+                   else [i.name for i in inspector.fetch(dict.fromkeys(names))])
         for missing in sorted(set(names) - set(targets)):
             self.stderr.write(f"Not held: {missing!r}")
         if not targets:
@@ -97,8 +122,24 @@ class Command(BaseCommand):
             if answer != "yes":
                 self.stdout.write("Cancelled; nothing was unlocked.")
                 return
+        # No force_unlocked_by() here: the lock_force_unlocked signal reports user=None.
         cleared = inspector.clear(targets)
         self.stdout.write(self.style.SUCCESS(f"Force-unlocked {len(cleared)} lock(s)."))
+
+
+def _show_json(info: LockInfo) -> dict[str, Any]:
+    """``as_dict()`` plus the raw hash, and each holder's OS thread id (for a py-spy dump)."""
+    data = info.as_dict()
+    data["holders"] = [{**h.as_dict(), "os_thread_id": h.os_thread_id} for h in info.holders]
+    data["hash"] = info.fields
+    return data
+
+
+def _show_holder(h: Holder) -> str:
+    lines = [("holder", f"{h.client_id}:{h.thread_id}"), ("  hold count", h.hold_count),
+             ("  host", h.host), ("  pid", h.pid), ("  process", h.process), ("  thread", h.thread),
+             ("  os thread id", h.os_thread_id), ("  held for", format_held(h.held_for))]
+    return "\n".join(f"{label + ':':<16}{_cell(value)}" for label, value in lines)
 
 
 def _row(cells: tuple[str, ...], widths: list[int]) -> str:
