@@ -83,8 +83,10 @@ def process_label() -> str:
         return _process_label
     argv = [a for a in sys.argv if a] or ["python"]
     prog = os.path.basename(argv[0])
-    if prog in ("__main__.py", "-c", "-m") or prog.startswith("python"):
-        prog = sys.orig_argv[2] if len(sys.orig_argv) > 2 and sys.orig_argv[1] == "-m" else prog
+    if prog == "-c":
+        prog = "python -c"
+    elif prog == "__main__.py" and len(sys.orig_argv) > 2 and sys.orig_argv[1] == "-m":
+        prog = sys.orig_argv[2]  # python -m celery ... -> celery
     words = [a for a in argv[1:] if not a.startswith("-")]
     if prog in ("manage.py", "django-admin", "django-admin.py") and words:
         return words[0]

@@ -128,9 +128,9 @@ class Command(BaseCommand):
 
 
 def _show_json(info: LockInfo) -> dict[str, Any]:
-    """``as_dict()`` plus the raw hash, and each holder's OS thread id (for a py-spy dump)."""
+    """``as_dict()`` (holders with exactly the documented keys) plus the raw hash; the table
+    form of ``show`` also gives each holder's OS thread id."""
     data = info.as_dict()
-    data["holders"] = [{**h.as_dict(), "os_thread_id": h.os_thread_id} for h in info.holders]
     data["hash"] = info.fields
     return data
 
