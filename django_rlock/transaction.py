@@ -23,6 +23,7 @@ request finishes (``request_finished``) or when its Celery task ends (``task_pos
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 import weakref
@@ -36,6 +37,15 @@ __all__ = ["TransactionRelease", "hold_until_commit", "open_transactions", "rele
 
 _local = threading.local()
 _signals_connected = False
+
+
+def _reset_after_fork() -> None:
+    """A forked child is a new owner: it never releases, or waits to release, its parent's locks."""
+    global _local
+    _local = threading.local()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 def _thread_token() -> object:

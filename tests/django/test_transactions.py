@@ -8,6 +8,7 @@ transaction (its release must still happen, and only on the owner thread).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 
 import pytest
@@ -140,6 +141,19 @@ def test_next_locked_call_releases_what_an_ended_transaction_left(db1):
     call(7)
     assert not db1.exists(KEY + "t:6") and not db1.exists(KEY + "t:7")
     del keep
+
+
+def test_forked_child_never_releases_its_parents_locks(db1):
+    keep = _outliving_callback(9)
+    pid = os.fork()
+    if pid == 0:  # the child: a new owner, with nothing of the parent's to release
+        code = 0 if release_ended() == 0 else 1
+        keep.clear()  # frees the callback here: still nothing to release
+        os._exit(code if db1.exists(KEY + "t:9") else 2)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert db1.exists(KEY + "t:9")
+    assert release_ended() == 1 and not db1.exists(KEY + "t:9")
 
 
 @pytest.mark.django_db(transaction=False)
