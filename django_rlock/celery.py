@@ -39,8 +39,9 @@ from celery.signals import task_postrun, task_revoked
 from celery.utils import uuid
 
 from . import transaction
-from .decorators import TaskHooks, bound_arguments, hold_for_call, register_task_hooks
-from .engine import LockBusy
+from .decorators import TaskHooks, bound_arguments, hold_for_call, register_task_hooks, turned_away
+from .engine import LockBusy, identity
+from .engine.naming import index_key
 from .engine.scripts import MARK_CLAIM_SCRIPT, MARK_RELEASE_SCRIPT, call, call_once
 from .engine.watchdog import server_id, watchdog
 
@@ -129,7 +130,9 @@ class LockedTask(Task):
         client, prefix, _ = spec._where()
         key = prefix + name
         ttl_ms = max(1, math.ceil(float(self.dedupe_ttl) * 1000))
-        holder = call(client, MARK_CLAIM_SCRIPT, (key,), (_field(task_id), ttl_ms))
+        field = _field(task_id)
+        holder = call(client, MARK_CLAIM_SCRIPT, (key, index_key(prefix)),
+                      (field, ttl_ms, identity.thread_info(field)))
         if holder is not None:
             existing = (holder.decode() if isinstance(holder, bytes) else holder).rsplit(":", 1)[0]
             logger.info("django-rlock: not enqueueing %s: the identical task %s is queued or running",
@@ -138,7 +141,7 @@ class LockedTask(Task):
         try:
             return super().apply_async(args, kwargs, task_id, *rest, **options)
         except BaseException:
-            call(client, MARK_RELEASE_SCRIPT, (key,), (_field(task_id),))
+            call(client, MARK_RELEASE_SCRIPT, (key, index_key(prefix)), (field,))
             raise
 
 
@@ -149,13 +152,15 @@ class _Mark:
         self.client, prefix, self.watchdog_timeout = spec._where()
         call_args = args[1:] if args and args[0] is task else args
         self.key = prefix + dedupe_name(task, call_args, kwargs)
+        self.keys = (self.key, index_key(prefix))
         self.field = _field(task.request.id)
         self.k = (server_id(self.client), self.key, self.field)
         self.held = False
 
     def adopt(self) -> None:
         ms = max(1, math.ceil(self.watchdog_timeout * 1000))
-        if call_once(self.client, MARK_CLAIM_SCRIPT, (self.key,), (self.field, ms)) is None:
+        if call_once(self.client, MARK_CLAIM_SCRIPT, self.keys,
+                     (self.field, ms, identity.thread_info(self.field))) is None:
             watchdog().acquired(self.k, self.client, self.key, ms, True, self.watchdog_timeout, None)
             self.held = True
         # else: an identical task holds it (ours expired in the queue); leave it alone
@@ -174,7 +179,7 @@ class _Mark:
 
     def _release(self) -> None:
         watchdog().forget(self.k)
-        call(self.client, MARK_RELEASE_SCRIPT, (self.key,), (self.field,))
+        call(self.client, MARK_RELEASE_SCRIPT, self.keys, (self.field,))
 
 
 @task_revoked.connect
@@ -186,7 +191,7 @@ def _release_revoked_mark(sender: Any = None, request: Any = None, **_: Any) -> 
     try:
         client, prefix, _ = spec._where()
         key = prefix + dedupe_name(sender, request.args, request.kwargs)
-        call(client, MARK_RELEASE_SCRIPT, (key,), (_field(request.id),))
+        call(client, MARK_RELEASE_SCRIPT, (key, index_key(prefix)), (_field(request.id),))
     except Exception:
         logger.exception("django-rlock: could not release the de-dup mark of revoked task %s",
                          getattr(request, "id", "?"))
@@ -213,7 +218,7 @@ def run_task(spec: Any, wrapper: Callable[..., Any], func: Callable[..., Any], n
     try:
         lock = spec.sync_lock(name)
         if not lock.try_lock(spec.wait, spec.lease):
-            busy = LockBusy(f"lock {name!r} is busy", name, lock.remaining_ttl())
+            busy = turned_away(spec, lock, lock.remaining_ttl())
             if (task.request.delivery_info or {}).get("redelivered"):
                 # The broker redelivered a message whose first delivery still runs
                 # (visibility timeout shorter than the task): drop this copy quietly.

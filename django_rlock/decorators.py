@@ -19,7 +19,8 @@ import string
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol, TypeVar
 
-from .engine import AsyncRLock, LockBusy, RLock
+from .engine import AsyncRLock, LockBusy, RLock, events
+from .engine.listing import describe_holders
 from .engine.lock import check_seconds
 from .transaction import TransactionRelease
 
@@ -120,7 +121,7 @@ class LockSpec:
 
     def sync_lock(self, name: str) -> RLock:
         client, prefix, watchdog_timeout = self._where()
-        return RLock(client, name, prefix, watchdog_timeout)
+        return RLock(client, name, prefix, watchdog_timeout, label=self.label)
 
     def async_lock(self, name: str) -> AsyncRLock:
         from .engine.clients import async_twin
@@ -128,8 +129,9 @@ class LockSpec:
         client, prefix, watchdog_timeout = self._where()
         if hasattr(client, "connection_pool") and inspect.iscoroutinefunction(
                 getattr(client, "execute_command", None)):
-            return AsyncRLock(client, name, prefix, watchdog_timeout)
-        return AsyncRLock(async_twin(client), name, prefix, watchdog_timeout, sync_client=client)
+            return AsyncRLock(client, name, prefix, watchdog_timeout, label=self.label)
+        return AsyncRLock(async_twin(client), name, prefix, watchdog_timeout, sync_client=client,
+                          label=self.label)
 
     def busy_status(self) -> int:
         if self.status is not None:
@@ -196,18 +198,19 @@ def _is_request(obj: Any) -> bool:
     return isinstance(obj, HttpRequest)
 
 
-def _busy(spec: LockSpec, lock: Any, ttl: float | None) -> LockBusy:
+def turned_away(spec: LockSpec, lock: Any, ttl: float | None) -> LockBusy:
+    """The ``LockBusy`` of a call whose lock stayed busy; tells the ``busy`` event listeners
+    (``lock_busy`` signal, metrics)."""
+    if events.listeners:
+        events.emit("busy", name=lock.name, key=lock.key, label=spec.label, ttl=ttl)
     return LockBusy(f"lock {lock.name!r} is busy (held by someone else"
                     f"{'' if ttl is None else f', {ttl:.3f} s left'}); gave up after "
                     f"{spec.wait:g} s", lock.name, ttl)
 
 
-def _holders(lock: RLock) -> str:
-    try:
-        fields = lock.client.hkeys(lock.key)
-    except Exception:  # only for the log line
-        return "?"
-    return ", ".join(f.decode() if isinstance(f, bytes) else str(f) for f in fields) or "nobody"
+def holders_of(lock: Any, client: Any = None) -> str:
+    """Who holds ``lock`` (host, pid, process, thread, since when), for a log line."""
+    return describe_holders(client if client is not None else lock.client, lock.key, lock.prefix)
 
 
 def busy_response(spec: LockSpec, busy: LockBusy) -> Any:
@@ -331,9 +334,8 @@ def locked(template: str | Callable[..., str], *, wait: float = 0, lease: float 
                 lock = spec.async_lock(spec.name_for(func, sig, args, kwargs))
                 if not await lock.try_lock(spec.wait, spec.lease):
                     ttl = await lock.remaining_ttl()
-                    sync_lock = RLock(lock._sync_client, lock.name, lock.prefix)
-                    return _on_busy(spec, async_wrapper, _busy(spec, lock, ttl), args, kwargs,
-                                    lambda: _holders(sync_lock))
+                    return _on_busy(spec, async_wrapper, turned_away(spec, lock, ttl), args, kwargs,
+                                    lambda: holders_of(lock, lock._sync_client))
                 try:
                     return await func(*args, **kwargs)
                 finally:
@@ -352,14 +354,14 @@ def locked(template: str | Callable[..., str], *, wait: float = 0, lease: float 
 
                     def busy_in_task(busy: LockBusy) -> Any:
                         return _on_busy(spec, sync_wrapper, busy, args, kwargs,
-                                        lambda: _holders(spec.sync_lock(busy.name)))
+                                        lambda: holders_of(spec.sync_lock(busy.name)))
 
                     return _task_hooks.run(spec, sync_wrapper, func, name, task, args, kwargs,
                                            busy_in_task)
                 lock = spec.sync_lock(name)
                 if not lock.try_lock(spec.wait, spec.lease):
-                    busy = _busy(spec, lock, lock.remaining_ttl())
-                    return _on_busy(spec, sync_wrapper, busy, args, kwargs, lambda: _holders(lock))
+                    busy = turned_away(spec, lock, lock.remaining_ttl())
+                    return _on_busy(spec, sync_wrapper, busy, args, kwargs, lambda: holders_of(lock))
                 hold = hold_for_call(spec, lock, func)
                 try:
                     return func(*args, **kwargs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -32,7 +33,9 @@ def test_skip_is_the_default_for_tasks(locks, log, caplog):
     assert skipper.delay("s", 0).get(timeout=20) is None  # busy: skipped, returns None
     assert first.get(timeout=20) == "ran"
     assert len(entries(log, "start", "s")) == 1
+    # The log line says who holds it: this process (the in-process worker), and its thread.
     assert any("skip:s" in rec.getMessage() and "held by" in rec.getMessage()
+               and f"pid {os.getpid()}" in rec.getMessage() and "thread " in rec.getMessage()
                for rec in caplog.records)
     assert skipper.delay("s", 0).get(timeout=20) == "ran"  # free again: runs
 
@@ -91,6 +94,12 @@ def test_dedupe_positional_and_keyword_calls_are_one_task(locks, log):
     second = deduped.delay(a=1, b=2, hold=1.0)     # same call, bound canonically
     third = deduped.apply_async((1,), {"hold": 1.0})  # b defaults to 2: same call again
     assert second.id == first.id and third.id == first.id
+    # The mark is listed like a lock (from the index), its holder the task id.
+    from django_rlock.engine.listing import Locks
+
+    marks = [i for i in Locks(locks, "ct:rlock:").read(Locks(locks, "ct:rlock:").names("dedupe:*"))]
+    assert [h.client_id for i in marks for h in i.holders] == [first.id]
+    assert marks[0].holders[0].pid is not None
     other = deduped.delay(1, b=3, hold=0.1)         # different arguments: enqueued...
     assert other.id != first.id
     assert first.get(timeout=20) == 3

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 import threading
 
 import pytest
@@ -131,10 +132,33 @@ def test_on_busy_skip_and_callable(hold):
     def handled(n: int) -> str:
         return "ran"
 
-    hold(get_lock("s:1"))
+    hold(get_lock("s:1"), thread="request-17")
     assert skipped(1) is None
     assert handled(1) == "busy s:1 1"
     assert skipped(2) == "ran"
+
+
+def test_skip_log_says_who_holds_it_and_busy_events_carry_the_template(hold, caplog):
+    from django_rlock.engine import events
+
+    @locked("report:{n}", on_busy="skip")
+    def report(n: int) -> str:
+        return "ran"
+
+    seen: list = []
+    listener = lambda event, data: seen.append((event, data["name"], data["label"]))  # noqa: E731
+    events.add_listener(listener)
+    try:
+        hold(get_lock("report:9"), thread="request-17")
+        caplog.set_level("INFO", logger="django_rlock")
+        assert report(9) is None
+        assert report(8) == "ran"
+    finally:
+        events.remove_listener(listener)
+    [line] = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+    assert "'report:9'" in line and "thread request-17" in line and f"pid {os.getpid()}" in line
+    assert ("busy", "report:9", "report:{n}") in seen
+    assert ("acquired", "report:8", "report:{n}") in seen  # labelled by template, not name
 
 
 def test_wait_budget_then_busy(hold):
