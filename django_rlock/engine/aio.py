@@ -15,7 +15,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-from . import events, identity, pubsub
+from . import events, identity, pubsub, replicas
 from .clients import sync_twin
 from .errors import LockNotOwnedError
 from .lock import SUBSCRIBE_TIMEOUT, HoldKey, LockBase, log_masked_release, ttl_seconds
@@ -46,8 +46,10 @@ class AsyncRLock(LockBase):
 
     def __init__(self, client: Any, name: str, prefix: str = "", watchdog_timeout: float = 30.0,
                  *, on_lost: Callable[[str], Any] | None = None, sync_client: Any = None,
-                 label: str | None = None) -> None:
-        super().__init__(client, name, prefix, watchdog_timeout, on_lost, label)
+                 label: str | None = None, sync_replicas: int | str | None = "auto",
+                 sync_timeout: float = 1.0) -> None:
+        super().__init__(client, name, prefix, watchdog_timeout, on_lost, label, sync_replicas,
+                         sync_timeout)
         self._sync_client = sync_client if sync_client is not None else sync_twin(client)
         self._server = server_id(self._sync_client)
 
@@ -97,8 +99,8 @@ class AsyncRLock(LockBase):
 
     async def _attempt(self, k: HoldKey, lease_ms: int | None, t0: float,
                        claim: bool = False) -> int | None:
-        fut = asyncio.ensure_future(acall_once(self._client, ACQUIRE_SCRIPT, (self.key, self._index),
-                                               self._acquire_args(k, lease_ms, claim)))
+        fut = asyncio.ensure_future(self._send_acquire(k, self._acquire_args(k, lease_ms, claim),
+                                                       *await self._target()))
         try:
             # Cancelling the caller must not cancel a round trip Redis may already have run.
             ttl = await asyncio.shield(fut)
@@ -109,6 +111,38 @@ class AsyncRLock(LockBase):
             self._acquired(k, lease_ms, t0)
             return None
         return int(ttl)
+
+    async def _target(self) -> tuple[int, tuple[int, int] | None]:
+        if self.sync_replicas is None:
+            return 0, None
+        n = await replicas.aconnected(self._client, self._server) or 0
+        return n, self._sync_target(n)
+
+    async def _send_acquire(self, k: HoldKey, args: tuple[Any, ...], connected: int,
+                            target: tuple[int, int] | None) -> Any:
+        """The acquire round trip (with WAIT on a master with replicas; undone and raised if
+        too few acknowledge): one unit, so cancellation shields the undo too."""
+        if target is None:
+            return await acall_once(self._client, ACQUIRE_SCRIPT, (self.key, self._index), args)
+        ttl, acked = await acall_once(self._client, ACQUIRE_SCRIPT, (self.key, self._index), args,
+                                      self._wait_args(target))
+        err = self._shortfall(acked, target, connected, "an acquire") if ttl is None else None
+        if err is not None:
+            await acall_once(self._client, RELEASE_SCRIPT, self._release_keys,
+                             (k[2], args[0], UNLOCK_MESSAGE))
+            raise err
+        return ttl
+
+    async def _send_release(self, args: tuple[Any, ...], connected: int,
+                            target: tuple[int, int] | None) -> Any:
+        if target is None:
+            return await acall_once(self._client, RELEASE_SCRIPT, self._release_keys, args)
+        r, acked = await acall_once(self._client, RELEASE_SCRIPT, self._release_keys, args,
+                                    self._wait_args(target))
+        err = self._shortfall(acked, target, connected, "a release")
+        if err is not None and r is not None:
+            self._release_unsynced(err)
+        return r
 
     async def _undo_cancelled(self, fut: asyncio.Future[Any], owner: str) -> None:
         """The caller was cancelled with an acquire in flight. Wait for it (one round trip)
@@ -201,9 +235,9 @@ class AsyncRLock(LockBase):
     # -- releasing ------------------------------------------------------------------------
     async def unlock(self) -> None:
         """Release one hold of the calling task (see ``RLock.unlock``)."""
+        target = await self._target()
         plan = self._release_plan((self._server, self.key, identity.task_owner()))
-        fut = asyncio.ensure_future(acall_once(self._client, RELEASE_SCRIPT, self._release_keys,
-                                               plan.args))
+        fut = asyncio.ensure_future(self._send_release(plan.args, *target))
         try:
             r = await asyncio.shield(fut)
         except asyncio.CancelledError:

@@ -28,3 +28,18 @@ class LockBusy(LockError):
     def __init__(self, message: str, name: str | None = None, ttl: float | None = None) -> None:
         super().__init__(message, name)
         self.ttl = ttl
+
+
+class LockNotSyncedError(LockError):
+    """An acquire reached the master but too few replicas acknowledged it in time (``WAIT``).
+
+    The acquire was undone: a failover now could promote a replica without the lock and let a
+    second client take it. ``connected`` and ``acknowledged`` are replica counts.
+    """
+
+    def __init__(self, message: str, name: str | None = None, connected: int = 0,
+                 acknowledged: int = 0, required: int = 0) -> None:
+        super().__init__(message, name)
+        self.connected = connected
+        self.acknowledged = acknowledged
+        self.required = required

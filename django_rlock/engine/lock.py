@@ -14,8 +14,10 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-from . import events, identity, pubsub
-from .errors import LockNotOwnedError
+from redis.exceptions import ResponseError
+
+from . import events, identity, pubsub, replicas
+from .errors import LockNotOwnedError, LockNotSyncedError
 from .naming import UNLOCK_MESSAGE, index_key, lock_channel
 from .scripts import ACQUIRE_SCRIPT, FORCE_UNLOCK_SCRIPT, RELEASE_SCRIPT, call_once
 from .watchdog import server_id, watchdog
@@ -60,8 +62,15 @@ class LockBase:
     each round trip (the hold registry, the waiter queues, the hand-off). Subclasses do I/O."""
 
     def __init__(self, client: Any, name: str, prefix: str, watchdog_timeout: float,
-                 on_lost: Callable[[str], Any] | None, label: str | None = None) -> None:
+                 on_lost: Callable[[str], Any] | None, label: str | None = None,
+                 sync_replicas: int | str | None = "auto", sync_timeout: float = 1.0) -> None:
         check_name(name)
+        if not (sync_replicas is None or sync_replicas == "auto" or (
+                isinstance(sync_replicas, int) and not isinstance(sync_replicas, bool)
+                and sync_replicas >= 0)):
+            raise ValueError(f"sync_replicas must be 'auto', an int >= 0 or None, not "
+                             f"{sync_replicas!r} (lock {name!r})")
+        sync_s = check_seconds(sync_timeout, "sync_timeout", name, zero_ok=False)
         if label is not None and not isinstance(label, str):
             raise TypeError(f"label must be a str or None, not {type(label).__name__} "
                             f"(lock {name!r})")
@@ -86,6 +95,9 @@ class LockBase:
         self._on_lost = on_lost
         #: What metrics and events call this lock: a bounded set (a template), unlike names.
         self.label = label
+        self.sync_replicas = sync_replicas or None  # 0 and None: no replica check
+        self.sync_timeout = sync_s
+        self._sync_timeout_ms = max(1, math.ceil(sync_s * 1000))
         # The sync client that renewal and waiting (threads) use for this server.
         self._sync_client: Any = client
         self._server: Any = None
@@ -116,6 +128,44 @@ class LockBase:
             ms = max(lease_ms, hold.lease_ms) if hold is not None and hold.renew else lease_ms
         info = self._info(k[2])
         return (ms, k[2], info, "claim") if claim else (ms, k[2], info)
+
+    # -- replica sync (docs: replicas.py) -------------------------------------------------
+    def _sync_target(self, connected: int | None) -> tuple[int, int] | None:
+        """(replicas to WAIT for, acknowledgements required), or None: nothing to wait for.
+
+        ``"auto"`` waits for every connected replica and needs one: Sentinel promotes the most
+        up-to-date replica, so one that has the lock is enough. An int needs that many.
+        """
+        if not connected or self.sync_replicas is None:
+            return None
+        if self.sync_replicas == "auto":
+            return connected, 1
+        return int(self.sync_replicas), int(self.sync_replicas)
+
+    def _wait_args(self, target: tuple[int, int] | None) -> tuple[int, int] | None:
+        return None if target is None else (target[0], self._sync_timeout_ms)
+
+    def _shortfall(self, acked: Any, target: tuple[int, int], connected: int,
+                   what: str) -> LockNotSyncedError | None:
+        """The error for too few acknowledgements (None if enough, or WAIT is refused)."""
+        if isinstance(acked, ResponseError):
+            if "unknown command" in str(acked).lower():
+                replicas._parse(self._server, None, acked)  # turns the check off, logged once
+                return None
+            raise acked
+        if int(acked) >= target[1]:
+            return None
+        replicas.forget(self._server)  # maybe a replica left: probe again next time
+        return LockNotSyncedError(
+            f"{what} of lock {self.name!r} reached the master, but {int(acked)} of {connected} "
+            f"replica(s) acknowledged it within {self.sync_timeout:g} s (needed {target[1]})",
+            self.name, connected, int(acked), target[1])
+
+    def _release_unsynced(self, err: LockNotSyncedError) -> None:
+        # A release is done once the master has it; a failover now may bring the lock back
+        # until its lease ends (nobody renews it). Worth knowing, not worth failing the caller.
+        logger.warning("django-rlock: %s; after a failover it may reappear until its lease ends",
+                       err)
 
     def _info(self, owner: str) -> str:
         """What the index says about ``owner`` (the caller) while it holds the lock."""
@@ -288,9 +338,17 @@ class RLock(LockBase):
     """
 
     def __init__(self, client: Any, name: str, prefix: str = "", watchdog_timeout: float = 30.0,
-                 *, on_lost: Callable[[str], Any] | None = None, label: str | None = None) -> None:
-        super().__init__(client, name, prefix, watchdog_timeout, on_lost, label)
+                 *, on_lost: Callable[[str], Any] | None = None, label: str | None = None,
+                 sync_replicas: int | str | None = "auto", sync_timeout: float = 1.0) -> None:
+        super().__init__(client, name, prefix, watchdog_timeout, on_lost, label, sync_replicas,
+                         sync_timeout)
         self._server = server_id(client)
+
+    def _target(self) -> tuple[int, tuple[int, int] | None]:
+        if self.sync_replicas is None:
+            return 0, None
+        n = replicas.connected(self._client, self._server) or 0
+        return n, self._sync_target(n)
 
     def _owner(self) -> str:
         return identity.thread_owner()
@@ -328,9 +386,23 @@ class RLock(LockBase):
 
     def _attempt(self, k: HoldKey, lease_ms: int | None, t0: float,
                  claim: bool = False) -> int | None:
-        """One acquire round trip: None when acquired, else the holder's PTTL in ms."""
-        ttl = call_once(self._client, ACQUIRE_SCRIPT, (self.key, self._index),
-                        self._acquire_args(k, lease_ms, claim))
+        """One acquire round trip: None when acquired, else the holder's PTTL in ms.
+
+        With replicas, WAIT rides in the same round trip; too few acknowledgements undo the
+        acquire (one more round trip) and raise ``LockNotSyncedError``.
+        """
+        args = self._acquire_args(k, lease_ms, claim)
+        connected, target = self._target()
+        if target is None:
+            ttl = call_once(self._client, ACQUIRE_SCRIPT, (self.key, self._index), args)
+        else:
+            ttl, acked = call_once(self._client, ACQUIRE_SCRIPT, (self.key, self._index), args,
+                                   self._wait_args(target))
+            err = self._shortfall(acked, target, connected, "an acquire") if ttl is None else None
+            if err is not None:
+                call_once(self._client, RELEASE_SCRIPT, self._release_keys,
+                          (k[2], args[0], UNLOCK_MESSAGE))
+                raise err
         if ttl is None:
             self._acquired(k, lease_ms, t0)
             return None
@@ -398,8 +470,16 @@ class RLock(LockBase):
         the hold stops once its local count reaches zero, so an in-doubt lock expires by itself.
         """
         plan = self._release_plan((self._server, self.key, identity.thread_owner()))
+        connected, target = self._target()
         try:
-            r = call_once(self._client, RELEASE_SCRIPT, self._release_keys, plan.args)
+            if target is None:
+                r = call_once(self._client, RELEASE_SCRIPT, self._release_keys, plan.args)
+            else:
+                r, acked = call_once(self._client, RELEASE_SCRIPT, self._release_keys, plan.args,
+                                     self._wait_args(target))
+                err = self._shortfall(acked, target, connected, "a release")
+                if err is not None and r is not None:
+                    self._release_unsynced(err)
         except BaseException:
             self._release_failed(plan)
             raise

@@ -146,10 +146,21 @@ FORCE_UNLOCK_OWNER_SCRIPT = Script(FORCE_UNLOCK_OWNER)
 PRUNE_INDEX_SCRIPT = Script(PRUNE_INDEX)
 
 
-def _send_once(conn: Any, args: tuple[Any, ...]) -> Any:
+def _send_once(conn: Any, args: tuple[Any, ...], wait: tuple[int, int] | None = None) -> Any:
+    """Send one command (and, with ``wait``, a ``WAIT`` behind it in the same write); read the
+    reply (a pair: reply or error, then acknowledged replicas or error)."""
     try:
-        conn.send_command(*args)
-        return conn.read_response()
+        if wait is None:
+            conn.send_command(*args)
+            return conn.read_response()
+        conn.send_packed_command(conn.pack_commands([args, ("WAIT", *wait)]))
+        replies: list[Any] = []
+        for _ in range(2):  # an error reply still leaves the connection in step: read both
+            try:
+                replies.append(conn.read_response())
+            except ResponseError as err:
+                replies.append(err)
+        return replies
     except ResponseError:
         raise  # a whole reply was read: the connection is still in step
     except BaseException:
@@ -158,24 +169,35 @@ def _send_once(conn: Any, args: tuple[Any, ...]) -> Any:
         raise
 
 
-def _call_on(conn: Any, script: Script, keys: tuple[Any, ...], args: tuple[Any, ...]) -> Any:
+def _call_on(conn: Any, script: Script, keys: tuple[Any, ...], args: tuple[Any, ...],
+             wait: tuple[int, int] | None = None) -> Any:
     try:
-        return _send_once(conn, ("EVALSHA", script.sha, len(keys), *keys, *args))
+        out = _send_once(conn, ("EVALSHA", script.sha, len(keys), *keys, *args), wait)
+        if wait is not None and isinstance(out[0], NoScriptError):
+            raise out[0]
     except NoScriptError:
         # NOSCRIPT means nothing ran, so sending the source now cannot run the script twice.
-        return _send_once(conn, ("EVAL", script.source, len(keys), *keys, *args))
+        out = _send_once(conn, ("EVAL", script.source, len(keys), *keys, *args), wait)
+    if wait is not None and isinstance(out[0], ResponseError):
+        raise out[0]
+    return out
 
 
-def call_once(client: Any, script: Script, keys: tuple[Any, ...], args: tuple[Any, ...]) -> Any:
-    """Run ``script`` exactly once on ``client`` (a redis-py ``Redis``); never retry."""
+def call_once(client: Any, script: Script, keys: tuple[Any, ...], args: tuple[Any, ...],
+              wait: tuple[int, int] | None = None) -> Any:
+    """Run ``script`` exactly once on ``client`` (a redis-py ``Redis``); never retry.
+
+    ``wait=(replicas, timeout_ms)`` sends ``WAIT`` behind it in the same round trip and returns
+    ``(reply, acknowledged)``; ``acknowledged`` is the WAIT error if the server refused it.
+    """
     conn = getattr(client, "connection", None)
     if conn is not None:  # single_connection_client=True
         with client.single_connection_lock:
-            return _call_on(conn, script, keys, args)
+            return _call_on(conn, script, keys, args, wait)
     pool = client.connection_pool
     conn = pool.get_connection()
     try:
-        return _call_on(conn, script, keys, args)
+        return _call_on(conn, script, keys, args, wait)
     finally:
         pool.release(conn)
 
@@ -188,10 +210,19 @@ def call(client: Any, script: Script, keys: tuple[Any, ...], args: tuple[Any, ..
         return client.eval(script.source, len(keys), *keys, *args)
 
 
-async def _asend_once(conn: Any, args: tuple[Any, ...]) -> Any:
+async def _asend_once(conn: Any, args: tuple[Any, ...], wait: tuple[int, int] | None = None) -> Any:
     try:
-        await conn.send_command(*args)
-        return await conn.read_response()
+        if wait is None:
+            await conn.send_command(*args)
+            return await conn.read_response()
+        await conn.send_packed_command(conn.pack_commands([args, ("WAIT", *wait)]))
+        replies: list[Any] = []
+        for _ in range(2):
+            try:
+                replies.append(await conn.read_response())
+            except ResponseError as err:
+                replies.append(err)
+        return replies
     except ResponseError:
         raise
     except BaseException:
@@ -200,23 +231,30 @@ async def _asend_once(conn: Any, args: tuple[Any, ...]) -> Any:
         raise
 
 
-async def _acall_on(conn: Any, script: Script, keys: tuple[Any, ...], args: tuple[Any, ...]) -> Any:
+async def _acall_on(conn: Any, script: Script, keys: tuple[Any, ...], args: tuple[Any, ...],
+                    wait: tuple[int, int] | None = None) -> Any:
     try:
-        return await _asend_once(conn, ("EVALSHA", script.sha, len(keys), *keys, *args))
+        out = await _asend_once(conn, ("EVALSHA", script.sha, len(keys), *keys, *args), wait)
+        if wait is not None and isinstance(out[0], NoScriptError):
+            raise out[0]
     except NoScriptError:
-        return await _asend_once(conn, ("EVAL", script.source, len(keys), *keys, *args))
+        out = await _asend_once(conn, ("EVAL", script.source, len(keys), *keys, *args), wait)
+    if wait is not None and isinstance(out[0], ResponseError):
+        raise out[0]
+    return out
 
 
-async def acall_once(client: Any, script: Script, keys: tuple[Any, ...], args: tuple[Any, ...]) -> Any:
+async def acall_once(client: Any, script: Script, keys: tuple[Any, ...], args: tuple[Any, ...],
+                     wait: tuple[int, int] | None = None) -> Any:
     """``call_once`` for a ``redis.asyncio`` client."""
     conn = getattr(client, "connection", None)
     if conn is not None:  # single_connection_client=True
         async with client._single_conn_lock:
-            return await _acall_on(conn, script, keys, args)
+            return await _acall_on(conn, script, keys, args, wait)
     pool = client.connection_pool
     conn = await pool.get_connection()
     try:
-        return await _acall_on(conn, script, keys, args)
+        return await _acall_on(conn, script, keys, args, wait)
     finally:
         await pool.release(conn)
 
