@@ -25,6 +25,24 @@ class RLockConfig(AppConfig):
         checks.register(check_settings)
         events.add_listener(forward)
         _load_celery_glue()
+        _install_metrics()
+
+
+def _install_metrics() -> None:
+    """``RLOCK["PROMETHEUS"] = True``: count lock events (the E005 check reports a missing
+    prometheus_client; a bad RLOCK is E003's to report)."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    from .conf import get_config
+
+    try:
+        wanted = get_config()["PROMETHEUS"] is True
+    except ImproperlyConfigured:
+        return
+    if wanted and importlib.util.find_spec("prometheus_client") is not None:
+        from . import prometheus
+
+        prometheus.install()
 
 
 def _load_celery_glue() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
 from django.conf import settings
@@ -29,6 +30,11 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
             id="django_rlock.W002"))
     config = get_config()
     messages.extend(Error(p, id="django_rlock.E003") for p in validate(config))
+    if config["PROMETHEUS"] is True and importlib.util.find_spec("prometheus_client") is None:
+        messages.append(Error(
+            "RLOCK['PROMETHEUS'] is True but prometheus_client is not installed",
+            hint="pip install 'django-rlock[prometheus]', or set RLOCK['PROMETHEUS'] = False.",
+            id="django_rlock.E005"))
     alias = config["CACHE"]
     if isinstance(alias, str):
         messages.extend(check_cache(alias))

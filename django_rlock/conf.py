@@ -22,6 +22,9 @@ class Config(TypedDict):
     WATCHDOG_TIMEOUT: float
     BUSY_STATUS: int
     ADMIN_PAGE_SIZE: int
+    SYNC_REPLICAS: int | str | None
+    SYNC_TIMEOUT: float
+    PROMETHEUS: bool
 
 
 DEFAULTS: Config = {
@@ -35,6 +38,12 @@ DEFAULTS: Config = {
     "BUSY_STATUS": 423,
     # Rows per page in the admin's lock list.
     "ADMIN_PAGE_SIZE": 100,
+    # Replicas an acquire WAITs for on a master that has some: "auto", an int, or 0/None (off).
+    "SYNC_REPLICAS": "auto",
+    # Seconds an acquire waits for its replicas before it is undone (LockNotSyncedError).
+    "SYNC_TIMEOUT": 1.0,
+    # Count lock events in prometheus_client's registry (pip install django-rlock[prometheus]).
+    "PROMETHEUS": False,
 }
 
 
@@ -77,7 +86,23 @@ def validate(config: Mapping[str, Any]) -> list[str]:
     size = config["ADMIN_PAGE_SIZE"]
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         problems.append(f"RLOCK['ADMIN_PAGE_SIZE'] must be an int >= 1, got {size!r}")
+    sync = config["SYNC_REPLICAS"]
+    if not (sync is None or sync == "auto" or (
+            isinstance(sync, int) and not isinstance(sync, bool) and sync >= 0)):
+        problems.append(f"RLOCK['SYNC_REPLICAS'] must be 'auto', an int >= 0 or None, got {sync!r}")
+    st = config["SYNC_TIMEOUT"]
+    if isinstance(st, bool) or not isinstance(st, (int, float)) or not 0 < st < float("inf"):
+        problems.append(f"RLOCK['SYNC_TIMEOUT'] must be a number of seconds > 0, got {st!r}")
+    if not isinstance(config["PROMETHEUS"], bool):
+        problems.append(f"RLOCK['PROMETHEUS'] must be True or False, got {config['PROMETHEUS']!r}")
     return problems
+
+
+def lock_options() -> dict[str, Any]:
+    """The keyword arguments every lock made from the settings gets."""
+    config = get_config()
+    return {"watchdog_timeout": float(config["WATCHDOG_TIMEOUT"]),
+            "sync_replicas": config["SYNC_REPLICAS"], "sync_timeout": float(config["SYNC_TIMEOUT"])}
 
 
 @receiver(setting_changed)

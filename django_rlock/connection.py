@@ -14,7 +14,7 @@ from django.core.cache import caches
 from django.core.cache.backends.redis import RedisCache as BuiltinRedisCache
 from django.core.exceptions import ImproperlyConfigured
 
-from .conf import get_config
+from .conf import get_config, lock_options
 from .engine import RLock
 
 if TYPE_CHECKING:
@@ -88,7 +88,7 @@ def get_prefix(cache: str | None = None) -> str:
     return f"{key_prefix}:rlock:" if key_prefix else "rlock:"
 
 
-def get_lock(name: str, *, cache: str | None = None) -> RLock:
-    """An ``RLock`` on the cache's Redis connection, with the configured prefix and watchdog."""
-    return RLock(get_client(cache), name, prefix=get_prefix(cache),
-                 watchdog_timeout=get_config()["WATCHDOG_TIMEOUT"])
+def get_lock(name: str, *, cache: str | None = None, label: str | None = None) -> RLock:
+    """An ``RLock`` on the cache's Redis connection, with the configured prefix, watchdog and
+    replica sync. ``label``: what events and metrics call it (a template, never the name)."""
+    return RLock(get_client(cache), name, prefix=get_prefix(cache), label=label, **lock_options())

@@ -119,19 +119,28 @@ class LockSpec:
         prefix = self.prefix if self.prefix is not None else get_prefix(self.cache)
         return get_client(self.cache), prefix, float(get_config()["WATCHDOG_TIMEOUT"])
 
+    def _options(self) -> dict[str, Any]:
+        """Watchdog and replica-sync options: the RLOCK settings, or the defaults without Django."""
+        if self.client is not None:
+            return {}
+        from .conf import lock_options
+
+        return lock_options()
+
     def sync_lock(self, name: str) -> RLock:
-        client, prefix, watchdog_timeout = self._where()
-        return RLock(client, name, prefix, watchdog_timeout, label=self.label)
+        client, prefix, _ = self._where()
+        return RLock(client, name, prefix, label=self.label, **self._options())
 
     def async_lock(self, name: str) -> AsyncRLock:
         from .engine.clients import async_twin
 
-        client, prefix, watchdog_timeout = self._where()
+        client, prefix, _ = self._where()
+        options = self._options()
         if hasattr(client, "connection_pool") and inspect.iscoroutinefunction(
                 getattr(client, "execute_command", None)):
-            return AsyncRLock(client, name, prefix, watchdog_timeout, label=self.label)
-        return AsyncRLock(async_twin(client), name, prefix, watchdog_timeout, sync_client=client,
-                          label=self.label)
+            return AsyncRLock(client, name, prefix, label=self.label, **options)
+        return AsyncRLock(async_twin(client), name, prefix, sync_client=client, label=self.label,
+                          **options)
 
     def busy_status(self) -> int:
         if self.status is not None:

@@ -193,3 +193,18 @@ def test_check_w002_unknown_keys_and_e003_bad_values(settings: Any) -> None:
     assert ids() == ["django_rlock.E003"] * 4
     settings.RLOCK = ["not", "a", "dict"]
     assert ids() == ["django_rlock.E003"]
+
+
+def test_sync_and_metrics_settings_reach_every_lock_and_bad_values_are_e003(settings: Any) -> None:
+    from django_rlock.decorators import LockSpec
+
+    settings.RLOCK = {"SYNC_REPLICAS": 2, "SYNC_TIMEOUT": 2.5}
+    lock = get_lock("synced")
+    assert (lock.sync_replicas, lock.sync_timeout) == (2, 2.5)
+    spec = LockSpec("t:{n}", 0, None, None, None, None, None, None, False)
+    assert spec.sync_lock("t:1").sync_replicas == 2 and spec.sync_lock("t:1").label == "t:{n}"
+    settings.RLOCK = {"SYNC_REPLICAS": None}
+    assert get_lock("off").sync_replicas is None
+    settings.RLOCK = {"SYNC_REPLICAS": "all", "SYNC_TIMEOUT": 0, "PROMETHEUS": "yes"}
+    problems = [m.msg for m in check_settings() if m.id == "django_rlock.E003"]
+    assert len(problems) == 3 and any("SYNC_REPLICAS" in p for p in problems)
