@@ -174,7 +174,9 @@ def test_a_hand_off_whose_outcome_hangs_has_a_deadline(redis_server, r, holders,
     monkeypatch.setattr(pubsub, "HANDOFF_TIMEOUT", 0.5)
     caplog.set_level(logging.WARNING, logger="django_rlock")
     proxy = FaultProxy(redis_server.socket)
-    slow = redis.Redis(port=proxy.port)
+    # Database 3: this client's pub/sub connection (named per database) never counts as one of
+    # the db-0 subscriptions other tests count, even if the proxy leaves it half-open.
+    slow = redis.Redis(port=proxy.port, db=3)
     # One client (one server id): the releaser hands over only to waiters of its own manager.
     releaser_lock, heir_lock = RLock(slow, "hangs"), RLock(slow, "hangs")
     releaser, heir = holders(), holders()
@@ -186,11 +188,13 @@ def test_a_hand_off_whose_outcome_hangs_has_a_deadline(redis_server, r, holders,
     released = releaser.submit(releaser_lock.unlock)
     ok, when = got(10)
     assert ok is True and when - start < 0.4 + 2.0, when - start
-    assert r.hget("hangs", heir.call(identity.thread_owner)) == b"1"  # claimed, not counted twice
+    db3 = redis.Redis(unix_socket_path=redis_server.socket, db=3)
+    assert db3.hget("hangs", heir.call(identity.thread_owner)) == b"1"  # claimed, not counted twice
     released(10)  # the late reply arrives: the hand-off is settled behind the heir's back
-    assert r.hexists("hangs", heir.call(identity.thread_owner))
+    assert db3.hexists("hangs", heir.call(identity.thread_owner))
     heir.call(heir_lock.unlock)
-    assert not r.exists("hangs")
+    assert not db3.exists("hangs")
+    db3.close()
     assert any("still unsettled" in rec.getMessage() for rec in caplog.records)
     proxy.close()
     slow.close()
