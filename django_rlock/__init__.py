@@ -6,12 +6,22 @@ imported eagerly, the Django-facing ones (``get_lock``, ``locked``) on first use
 
 from typing import Any
 
-from .engine import AsyncRLock, LockBusy, LockError, LockNotOwnedError, LockNotSyncedError, RLock
+from .engine import (
+    AsyncRLock,
+    LockBusy,
+    LockError,
+    LockNotOwnedError,
+    LockNotSyncedError,
+    MultiLock,
+    MultiLockError,
+    RedLock,
+    RLock,
+)
 
 __version__ = "0.1.0"
 
-__all__ = ["AsyncRLock", "LockBusy", "LockError", "LockNotOwnedError", "LockNotSyncedError", "RLock",
-           "__version__", "get_lock", "locked"]
+__all__ = ["AsyncRLock", "LockBusy", "LockError", "LockNotOwnedError", "LockNotSyncedError",
+           "MultiLock", "MultiLockError", "RLock", "RedLock", "__version__", "get_lock", "locked"]
 
 
 def __getattr__(name: str) -> Any:

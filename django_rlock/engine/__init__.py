@@ -3,5 +3,7 @@
 from .aio import AsyncRLock
 from .errors import LockBusy, LockError, LockNotOwnedError, LockNotSyncedError
 from .lock import RLock
+from .multi import MultiLock, MultiLockError, RedLock
 
-__all__ = ["AsyncRLock", "LockBusy", "LockError", "LockNotOwnedError", "LockNotSyncedError", "RLock"]
+__all__ = ["AsyncRLock", "LockBusy", "LockError", "LockNotOwnedError", "LockNotSyncedError", "MultiLock",
+           "MultiLockError", "RLock", "RedLock"]

@@ -1,0 +1,261 @@
+"""MultiLock and RedLock: one lock made of ``RLock``s on several independent Redis servers.
+
+``MultiLock`` is all-or-nothing: it holds when every member holds, as Redisson's
+RedissonMultiLock. ``RedLock`` holds when a majority (N // 2 + 1) does, as the Redlock
+algorithm and Redisson's RedissonRedLock. Both are built on the members' own acquire, wait,
+renewal and release: no second wait loop, no second watchdog (a member in watchdog mode is
+renewed by the process watchdog like any lock).
+
+RedLock's safety is contested: a process paused (GC, swap) past its lease, or clocks that jump,
+can let two holders believe they hold it (Martin Kleppmann, "How to do distributed locking",
+2016). Redisson deprecated it in favour of one lock with replica sync (``sync_replicas``) or a
+fenced lock. It is offered because people ask for it; prefer ``RLock`` with replica sync.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from .errors import LockError, LockNotOwnedError
+from .lock import RLock, check_seconds
+
+#: Seconds a ``lock()`` gives each member per round before letting go of all and starting over
+#: (so two MultiLocks over the same members never wait on each other forever).
+ROUND_PER_MEMBER = 1.5
+
+
+class MultiLockError(LockError):
+    """Releasing some members failed; ``failures`` maps a member's index to its exception."""
+
+    def __init__(self, message: str, name: str, failures: dict[int, BaseException]) -> None:
+        super().__init__(message, name)
+        self.failures = failures
+
+
+class MultiLock:
+    """All-or-nothing over ``RLock``s that may live on different servers; the ``RLock`` API.
+
+    Members are taken in the order given, within the wait budget; if one cannot be had, those
+    already taken are released and the attempt starts over while budget remains. With a lease,
+    every member gets it from the moment the whole lock is held. ``is_lost()`` turns True (and
+    ``on_lost(name)`` is called once) when a member's hold is lost.
+    """
+
+    def __init__(self, *locks: RLock, on_lost: Callable[[str], Any] | None = None) -> None:
+        if not locks:
+            raise ValueError(f"{type(self).__name__} needs at least one lock")
+        for lock in locks:
+            if not isinstance(lock, RLock):
+                raise TypeError(f"{type(self).__name__} members must be RLocks, not "
+                                f"{type(lock).__name__}")
+        where = [(lock._server, lock.key) for lock in locks]
+        if len(set(where)) != len(where):
+            raise ValueError(f"{type(self).__name__} has the same lock twice: "
+                             f"{[lock.name for lock in locks]}")
+        if on_lost is not None and not callable(on_lost):
+            raise TypeError(f"on_lost must be callable ({type(self).__name__})")
+        self.locks = tuple(locks)
+        self.name = f"{type(self).__name__}({', '.join(lock.name for lock in locks)})"
+        self._on_lost = on_lost
+        self._lost_members: set[int] = set()
+        for i, lock in enumerate(locks):
+            lock._on_lost = self._chain(i, lock._on_lost)
+
+    def __repr__(self) -> str:
+        return f"<{self.name}>"
+
+    # -- what differs between MultiLock and RedLock --------------------------------------
+    @property
+    def quorum(self) -> int:
+        """Members that must hold for the whole lock to hold."""
+        return len(self.locks)
+
+    def _member_wait(self, remaining: float) -> float:
+        return remaining
+
+    def _still_valid(self, start: float, lease: float | None) -> bool:
+        return True
+
+    # -- acquiring ------------------------------------------------------------------------
+    def lock(self, lease_time: float | None = None) -> None:
+        """Block until every member is held. ``lease_time``: seconds; None: watchdog mode."""
+        lease = self._lease(lease_time)
+        while not self._acquire(ROUND_PER_MEMBER * len(self.locks), lease):
+            pass
+
+    def try_lock(self, wait_time: float = 0.0, lease_time: float | None = None) -> bool:
+        """Try for up to ``wait_time`` seconds (0: one attempt per member)."""
+        wait = check_seconds(wait_time, "wait_time", self.name, zero_ok=True)
+        return self._acquire(wait, self._lease(lease_time))
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        """``threading.RLock.acquire`` semantics (watchdog mode)."""
+        if not blocking:
+            return self.try_lock()
+        if timeout == -1:
+            self.lock()
+            return True
+        return self.try_lock(timeout)
+
+    def _lease(self, lease_time: float | None) -> float | None:
+        if lease_time is None:
+            return None
+        return check_seconds(lease_time, "lease_time", self.name, zero_ok=False)
+
+    def _acquire(self, wait: float, lease: float | None) -> bool:
+        start = time.monotonic()
+        deadline = start + wait
+        # Members taken first must not expire while later ones are awaited (Redisson: 2x wait).
+        member_lease = None if lease is None else max(lease, 2 * wait)
+        allowed = len(self.locks) - self.quorum
+        while True:
+            taken: list[RLock] = []
+            failed = 0
+            for lock in self.locks:
+                remaining = max(0.0, deadline - time.monotonic())
+                try:
+                    ok = lock.try_lock(self._member_wait(remaining), member_lease)
+                except (RedisError, LockError, OSError):
+                    ok = False  # a server down or unsynced: this member is not held
+                if ok:
+                    taken.append(lock)
+                else:
+                    failed += 1
+                    if failed > allowed:
+                        break
+            if len(taken) >= self.quorum and self._still_valid(start, lease):
+                if lease is not None and member_lease != lease:
+                    self._set_lease(taken, lease)
+                self._lost_members.clear()
+                return True
+            self._release(taken)
+            now = time.monotonic()
+            if wait == 0 or now >= deadline:
+                return False
+            # A member that failed at once (server down) must not make this a busy loop.
+            time.sleep(min(deadline - now, random.uniform(0.005, 0.05)))
+
+    @staticmethod
+    def _set_lease(taken: list[RLock], lease: float) -> None:
+        ms = max(1, math.ceil(lease * 1000))
+        for lock in taken:
+            try:
+                lock.client.pexpire(lock.key, ms)
+            except RedisError:
+                pass  # it keeps the longer acquisition lease
+
+    @staticmethod
+    def _release(taken: list[RLock]) -> None:
+        for lock in reversed(taken):
+            try:
+                lock.unlock()
+            except (RedisError, LockError, OSError):
+                pass  # it expires by its lease
+
+    # -- releasing ------------------------------------------------------------------------
+    def unlock(self) -> None:
+        """Release every member (each is tried); then raise if any failed.
+
+        ``LockNotOwnedError`` if the caller held none; ``MultiLockError`` (with ``failures``)
+        if some could not be released.
+        """
+        failures: dict[int, BaseException] = {}
+        for i, lock in enumerate(self.locks):
+            try:
+                lock.unlock()
+            except (RedisError, LockError, OSError) as exc:
+                failures[i] = exc
+        self._raise_for(failures)
+
+    release = unlock
+
+    def _raise_for(self, failures: dict[int, BaseException]) -> None:
+        if not failures:
+            return
+        if len(failures) == len(self.locks) and all(
+                isinstance(e, LockNotOwnedError) for e in failures.values()):
+            raise LockNotOwnedError(f"cannot unlock {self.name}: not held by this owner",
+                                    self.name)
+        what = ", ".join(f"member {i} {self.locks[i].name!r} ({type(e).__name__}: {e})"
+                         for i, e in failures.items())
+        raise MultiLockError(f"releasing {self.name} failed for {what}", self.name, failures)
+
+    # -- inspecting -----------------------------------------------------------------------
+    def _held(self) -> int:
+        n = 0
+        for lock in self.locks:
+            try:
+                n += lock.is_held_by_current_thread()
+            except RedisError:
+                pass
+        return n
+
+    def is_held_by_current_thread(self) -> bool:
+        return self._held() >= self.quorum
+
+    def is_lost(self) -> bool:
+        """True once more members were lost than the lock can do without."""
+        return sum(lock.is_lost() for lock in self.locks) > len(self.locks) - self.quorum
+
+    def _chain(self, i: int, member_on_lost: Callable[[str], Any] | None) -> Callable[[str], Any]:
+        # Runs on the watchdog thread: count the members lost here (is_lost() is per owner).
+        def on_lost(name: str) -> None:
+            if member_on_lost is not None:
+                member_on_lost(name)
+            told = len(self._lost_members) > len(self.locks) - self.quorum
+            self._lost_members.add(i)
+            now = len(self._lost_members) > len(self.locks) - self.quorum
+            if self._on_lost is not None and now and not told:
+                self._on_lost(self.name)
+        return on_lost
+
+    # -- context manager ------------------------------------------------------------------
+    def __enter__(self) -> MultiLock:
+        self.lock()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.unlock()
+
+
+class RedLock(MultiLock):
+    """The quorum variant: held when N // 2 + 1 members hold, within the budget.
+
+    Each member is given an equal share of the remaining wait. With a lease, what is left of it
+    after the acquisition (lease - elapsed - clock drift, drift = 1% of the lease + 2 ms) must
+    be positive, or the acquisition is undone. Unlock releases every member and ignores the
+    minority's failures. Read the module docstring before relying on it.
+    """
+
+    @property
+    def quorum(self) -> int:
+        return len(self.locks) // 2 + 1
+
+    def _member_wait(self, remaining: float) -> float:
+        return remaining / len(self.locks)
+
+    def _still_valid(self, start: float, lease: float | None) -> bool:
+        if lease is None:
+            return True
+        drift = lease * 0.01 + 0.002
+        return lease - (time.monotonic() - start) - drift > 0
+
+    def unlock(self) -> None:
+        failures: dict[int, BaseException] = {}
+        for i, lock in enumerate(self.locks):
+            try:
+                lock.unlock()
+            except (RedisError, LockError, OSError) as exc:
+                failures[i] = exc
+        if len(failures) == len(self.locks):
+            self._raise_for(failures)
+
+    release = unlock

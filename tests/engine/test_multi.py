@@ -1,0 +1,173 @@
+"""MultiLock (all of N servers) and RedLock (a majority), on independent redis-servers."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from django_rlock import LockNotOwnedError, RLock
+from django_rlock.engine.multi import MultiLock, MultiLockError, RedLock
+from django_rlock.testing import RedisServer
+
+ROOT = Path(__file__).parents[2]
+
+
+@pytest.fixture
+def servers() -> Iterator[list[RedisServer]]:
+    """Five servers of the test's own (tests kill and restart them)."""
+    started = [RedisServer().start() for _ in range(5)]
+    yield started
+    for s in started:
+        s.stop()
+        shutil.rmtree(s.dir, ignore_errors=True)
+
+
+def clients(servers: list[RedisServer]) -> list[redis.Redis]:
+    # No client-side retries: a dead server answers "refused" at once instead of after backoff.
+    return [s.client(socket_timeout=5, retry=Retry(NoBackoff(), 0)) for s in servers]
+
+
+def members(cs: list[redis.Redis], name: str = "m") -> list[RLock]:
+    return [RLock(c, name) for c in cs]
+
+
+def kill(server: RedisServer) -> None:
+    assert server.proc is not None
+    os.kill(server.proc.pid, signal.SIGKILL)
+    server.proc.wait()
+    server.proc = None
+
+
+def test_multilock_is_all_or_nothing(servers, holders):
+    cs = clients(servers[:3])
+    multi = MultiLock(*members(cs))
+    other = holders()
+    other.call(members(cs)[1].lock)  # someone holds the middle one
+    assert multi.try_lock() is False
+    assert not cs[0].exists("m") and not cs[2].exists("m")  # what it took, it gave back
+    other.call(members(cs)[1].unlock)
+    assert multi.try_lock() is True
+    assert all(c.exists("m") for c in cs) and multi.is_held_by_current_thread()
+    assert holders().call(lambda: MultiLock(*members(cs)).try_lock(wait_time=0.2)) is False
+    multi.unlock()
+    assert not any(c.exists("m") for c in cs)
+    with pytest.raises(LockNotOwnedError):
+        multi.unlock()
+
+
+def test_multilock_waits_within_its_budget_and_gets_all(servers, holders):
+    cs = clients(servers[:3])
+    h = holders()
+    h.call(members(cs)[2].lock)
+    h.submit(lambda: (time.sleep(0.3), members(cs)[2].unlock()))
+    start = time.monotonic()
+    multi = MultiLock(*members(cs))
+    assert multi.try_lock(wait_time=5, lease_time=10) is True
+    assert time.monotonic() - start < 4
+    # Every member got the lease from the moment the whole lock was held.
+    assert all(9_000 < c.pttl("m") <= 10_000 for c in cs)
+    multi.unlock()
+
+
+def test_multilock_excludes_across_4_processes(servers):
+    socks = [s.socket for s in servers[:3]]
+    procs = [subprocess.Popen([sys.executable, "-m", "tests.engine._multi_proc", "multi", "15",
+                               *socks], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+             for _ in range(4)]
+    for p in procs:
+        out, _ = p.communicate(timeout=120)
+        assert p.returncode == 0 and "done" in out
+    c0 = servers[0].client()
+    assert int(c0.get("counter")) == 4 * 15
+    assert not any(s.client().exists("multi:counter") for s in servers[:3])
+
+
+def test_multilock_with_a_member_down_fails_and_holds_nothing(servers):
+    cs = clients(servers[:3])
+    kill(servers[1])
+    multi = MultiLock(*members(cs))
+    assert multi.try_lock() is False
+    assert multi.try_lock(wait_time=0.3) is False
+    assert not cs[0].exists("m") and not cs[2].exists("m")
+
+
+def test_redlock_survives_two_of_five_down_and_excludes(servers, holders):
+    cs = clients(servers)
+    kill(servers[0])
+    kill(servers[3])
+    red = RedLock(*members(cs))
+    assert red.quorum == 3
+    assert red.try_lock(wait_time=1) is True and red.is_held_by_current_thread()
+    assert holders().call(lambda: RedLock(*members(cs)).try_lock(wait_time=0.3)) is False
+    red.unlock()  # the dead members' failures are the minority's: ignored
+    assert not any(c.exists("m") for i, c in enumerate(cs) if i not in (0, 3))
+    assert holders().call(lambda: RedLock(*members(cs)).try_lock(wait_time=0.3)) is True
+
+
+def test_redlock_with_three_down_fails_clean(servers):
+    cs = clients(servers)
+    for i in (0, 2, 4):
+        kill(servers[i])
+    red = RedLock(*members(cs))
+    assert red.try_lock(wait_time=0.3) is False
+    assert not cs[1].exists("m") and not cs[3].exists("m")
+
+
+def test_a_server_restarting_empty_does_not_let_a_second_holder_in(servers, holders):
+    cs = clients(servers)
+    first = holders()
+    first.call(RedLock(*members(cs)).lock)
+    servers[2].restart()  # the lock is gone from one of five
+    rival = holders().call(lambda: RedLock(*members(cs)).try_lock(wait_time=0.5))
+    assert rival is False  # it can take one member at most: no majority
+    assert first.call(lambda: RedLock(*members(cs)).is_held_by_current_thread())
+    first.call(RedLock(*members(cs)).unlock)
+
+
+def test_redlock_with_no_validity_left_is_undone(servers):
+    cs = clients(servers[:3])
+    red = RedLock(*members(cs))
+    assert red.try_lock(lease_time=0.001) is False  # drift alone exceeds the lease
+    assert not any(c.exists("m") for c in cs)
+
+
+def test_a_lost_member_makes_the_multilock_lost_once(servers):
+    cs = clients(servers[:3])
+    lost: list[str] = []
+    multi = MultiLock(*(RLock(c, "m", watchdog_timeout=0.6) for c in cs), on_lost=lost.append)
+    multi.lock()
+    cs[1].delete("m")
+    deadline = time.monotonic() + 3
+    while not lost and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert lost == ["MultiLock(m, m, m)"] and multi.is_lost()
+    with pytest.raises(MultiLockError) as err:
+        multi.unlock()  # the others are released; the lost one is reported
+    assert not cs[0].exists("m") and not cs[2].exists("m")
+    assert list(err.value.failures) == [1] and "member 1 'm'" in str(err.value)
+
+
+def test_bad_input(servers):
+    cs = clients(servers[:2])
+    with pytest.raises(ValueError):
+        MultiLock()
+    with pytest.raises(TypeError):
+        MultiLock("not a lock")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="twice"):
+        MultiLock(RLock(cs[0], "a"), RLock(cs[0], "a"))
+    with pytest.raises(ValueError, match="wait_time"):
+        MultiLock(*members(cs)).try_lock(wait_time=-1)
+    with pytest.raises(ValueError, match="lease_time"):
+        RedLock(*members(cs)).try_lock(lease_time=0)
+    assert not any(c.exists("m") for c in cs)
