@@ -5,7 +5,7 @@ replica has it hands a lockless replica to the failover, and a second client get
 Like Redisson (``checkLockSyncedSlaves``), an acquire on a master with replicas is sent with
 ``WAIT <replicas> <timeout>`` in the same round trip, and undone if too few acknowledge.
 
-The replica count comes from ``INFO replication`` (``connected_slaves``), probed together
+The replica count comes from ``INFO replication`` (replicas in state ``online``), probed together
 with ``WAIT 0 0`` the first time a process uses a server and again at most every ``REFRESH``
 seconds, inline (one extra round trip per server per ``REFRESH``). A server that answers WAIT
 with "unknown command" (some managed offerings) turns the check off, with one INFO log.
@@ -38,9 +38,20 @@ def _parse(server: Any, info: Any, waited: Any) -> int | None:
         raise waited
     if isinstance(info, Exception):
         raise info
-    n = int(info.get("connected_slaves", 0)) if isinstance(info, dict) else 0
-    _counts[server] = (time.monotonic(), n)
+    _counts[server] = (time.monotonic(), n := _online(info))
     return n
+
+
+def _online(info: Any) -> int:
+    """Replicas that can acknowledge: ``state=online`` (one still loading its first full sync
+    is connected but acknowledges nothing, and would fail every acquire until it is done)."""
+    if not isinstance(info, dict):
+        return 0
+    states = [v.get("state") for k, v in info.items()
+              if k.startswith("slave") and k[5:].isdigit() and isinstance(v, dict)]
+    if not states:
+        return int(info.get("connected_slaves", 0))
+    return sum(1 for state in states if state == "online")
 
 
 def cached(server: Any) -> tuple[bool, int | None]:

@@ -181,3 +181,11 @@ def test_bad_sync_options_are_refused_before_any_command(r, bad):
     with pytest.raises(ValueError, match="sync_timeout"):
         RLock(r, "x", sync_timeout=0)
     assert calls(r, "evalsha") == 0
+
+
+def test_only_online_replicas_are_counted():
+    # A replica still loading its first full sync is connected but acknowledges nothing.
+    info = {"connected_slaves": 2, "slave0": {"ip": "127.0.0.1", "state": "online"},
+            "slave1": {"ip": "127.0.0.1", "state": "wait_bgsave"}}
+    assert replicas._online(info) == 1
+    assert replicas._online({"connected_slaves": 0}) == 0

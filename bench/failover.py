@@ -1,0 +1,99 @@
+"""The price of surviving a Redis failure: uncontended lock+unlock pairs, p50, vs the floor.
+
+    python bench/failover.py [--seconds 1.5] [--rounds 3]
+
+Variants, interleaved in every round: the floor (two EVALSHA of ``return 1``) on a master
+without replica; ``RLock`` there; ``RLock`` on a master with one replica (replica sync: WAIT in
+the same round trip); ``RLock`` there with the check off; ``MultiLock`` over 3 and ``RedLock``
+over 5 independent servers (members taken one by one) next to 3x and 5x the floor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import shutil
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.stats import median  # noqa: E402
+from django_rlock import MultiLock, RedLock, RLock  # noqa: E402
+from django_rlock.testing import RedisServer, free_port  # noqa: E402
+
+
+def p50(step, seconds: float) -> float:
+    for _ in range(100):
+        step()
+    gc.collect()
+    lat = []
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        t = time.perf_counter_ns()
+        step()
+        lat.append(time.perf_counter_ns() - t)
+    lat.sort()
+    return lat[len(lat) // 2] / 1000.0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=float, default=1.5)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    master = RedisServer(port=free_port()).start()
+    replica = RedisServer(port=free_port(), args=["--replicaof", "127.0.0.1", str(master.port)]).start()
+    alone = [RedisServer().start() for _ in range(5)]
+    servers = [master, replica, *alone]
+    try:
+        m = master.client()
+        deadline = time.monotonic() + 10
+        while m.info("replication")["connected_slaves"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        plain = [s.client() for s in alone]
+        sha = plain[0].script_load("return 1")
+
+        def floor() -> None:
+            plain[0].evalsha(sha, 1, "f")
+            plain[0].evalsha(sha, 1, "f")
+
+        def pair(lock):
+            def step() -> None:
+                lock.lock()
+                lock.unlock()
+            return step
+
+        variants = {
+            "floor (no replica)": floor,
+            "RLock, no replica": pair(RLock(plain[0], "b")),
+            "RLock, 1 replica, replica sync": pair(RLock(m, "b")),
+            "RLock, 1 replica, sync off": pair(RLock(m, "b2", sync_replicas=None)),
+            "MultiLock over 3": pair(MultiLock(*(RLock(c, "b") for c in plain[:3]))),
+            "RedLock over 5": pair(RedLock(*(RLock(c, "b") for c in plain))),
+        }
+        got: dict[str, list[float]] = {k: [] for k in variants}
+        ratio: dict[str, list[float]] = {k: [] for k in variants}
+        for _ in range(args.rounds):
+            base = 0.0
+            for name, step in variants.items():
+                v = p50(step, args.seconds)
+                base = base or v
+                got[name].append(v)
+                ratio[name].append(v / base)
+        version = m.info()["redis_version"]
+        print(f"{args.rounds} rounds x {args.seconds} s per variant, redis-server {version}")
+        print(f"{'variant':34}  {'p50 us':>8}  {'p50 / floor':>11}")
+        for name in variants:
+            print(f"{name:34}  {median(got[name]):8.1f}  {median(ratio[name]):10.2f}x")
+    finally:
+        for s in servers:
+            s.stop()
+            shutil.rmtree(s.dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
