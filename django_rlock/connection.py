@@ -7,6 +7,7 @@ point at the old server.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
@@ -15,7 +16,7 @@ from django.core.cache.backends.redis import RedisCache as BuiltinRedisCache
 from django.core.exceptions import ImproperlyConfigured
 
 from .conf import get_config, lock_options
-from .engine import RLock
+from .engine import MultiLock, RedLock, RLock
 
 if TYPE_CHECKING:
     import redis
@@ -88,7 +89,31 @@ def get_prefix(cache: str | None = None) -> str:
     return f"{key_prefix}:rlock:" if key_prefix else "rlock:"
 
 
-def get_lock(name: str, *, cache: str | None = None, label: str | None = None) -> RLock:
+def get_lock(name: str, *, cache: str | Sequence[str] | None = None, label: str | None = None,
+             quorum: bool = False) -> Any:
     """An ``RLock`` on the cache's Redis connection, with the configured prefix, watchdog and
-    replica sync. ``label``: what events and metrics call it (a template, never the name)."""
+    replica sync. ``label``: what events and metrics call it (a template, never the name).
+
+    ``cache=["a", "b", "c"]``: a ``MultiLock`` over those aliases' servers (each with its own
+    prefix), or with ``quorum=True`` a ``RedLock`` (a majority of them).
+    """
+    if isinstance(cache, (list, tuple)):
+        return multi_lock([RLock(get_client(a), name, prefix=get_prefix(a), label=label,
+                                 **lock_options()) for a in cache_aliases(cache)], quorum)
+    if quorum:
+        raise ValueError(f"quorum=True needs a list of cache aliases (lock {name!r})")
     return RLock(get_client(cache), name, prefix=get_prefix(cache), label=label, **lock_options())
+
+
+def cache_aliases(caches_: Sequence[str]) -> list[str]:
+    """A list of cache aliases for a MultiLock/RedLock: non-empty, distinct, known."""
+    aliases = list(caches_)
+    if not aliases or not all(isinstance(a, str) for a in aliases):
+        raise ValueError(f"cache must be an alias or a non-empty list of aliases, got {caches_!r}")
+    if len(set(aliases)) != len(aliases):
+        raise ValueError(f"cache aliases repeat: {aliases!r}")
+    return [cache_alias(a) for a in aliases]
+
+
+def multi_lock(members: list[RLock], quorum: bool) -> MultiLock:
+    return RedLock(*members) if quorum else MultiLock(*members)

@@ -16,7 +16,7 @@ import inspect
 import logging
 import math
 import string
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 from .engine import AsyncRLock, LockBusy, RLock, events
@@ -49,9 +49,9 @@ class LockSpec:
     """A parsed ``@locked(...)``: built once per decorator, shared by every call."""
 
     def __init__(self, template: str | Callable[..., str], wait: float, lease: float | None,
-                 on_busy: str | Callable[..., Any] | None, cache: str | None, client: Any,
+                 on_busy: str | Callable[..., Any] | None, cache: str | Sequence[str] | None, client: Any,
                  prefix: str | None, status: int | None, dedupe: bool,
-                 until_commit: bool = True) -> None:
+                 until_commit: bool = True, quorum: bool = False) -> None:
         if isinstance(template, str):
             if not template:
                 raise ValueError("lock template must not be empty")
@@ -75,7 +75,16 @@ class LockSpec:
         self.template = template
         self.label = str(label)
         self.on_busy = on_busy
+        if isinstance(cache, (list, tuple)):
+            if not cache or not all(isinstance(a, str) for a in cache) or len(set(cache)) != len(cache):
+                raise ValueError(f"cache must be an alias or a non-empty list of distinct aliases, "
+                                 f"not {cache!r} (lock {label!r})")
+            if client is not None:
+                raise ValueError(f"give client= or a list of caches, not both (lock {label!r})")
+        elif quorum:
+            raise ValueError(f"quorum=True needs cache=[...] with several aliases (lock {label!r})")
         self.cache = cache
+        self.quorum = quorum
         self.client = client
         self.prefix = prefix
         self.status = status
@@ -116,8 +125,9 @@ class LockSpec:
         from .conf import get_config
         from .connection import get_client, get_prefix
 
-        prefix = self.prefix if self.prefix is not None else get_prefix(self.cache)
-        return get_client(self.cache), prefix, float(get_config()["WATCHDOG_TIMEOUT"])
+        cache = self.cache[0] if isinstance(self.cache, (list, tuple)) else self.cache
+        prefix = self.prefix if self.prefix is not None else get_prefix(cache)
+        return get_client(cache), prefix, float(get_config()["WATCHDOG_TIMEOUT"])
 
     def _options(self) -> dict[str, Any]:
         """Watchdog and replica-sync options: the RLOCK settings, or the defaults without Django."""
@@ -127,7 +137,13 @@ class LockSpec:
 
         return lock_options()
 
-    def sync_lock(self, name: str) -> RLock:
+    def sync_lock(self, name: str) -> Any:
+        """An ``RLock``, or a ``MultiLock``/``RedLock`` over a list of caches."""
+        if isinstance(self.cache, (list, tuple)):
+            from .connection import get_client, get_prefix, multi_lock
+
+            return multi_lock([RLock(get_client(a), name, get_prefix(a), label=self.label,
+                                     **self._options()) for a in self.cache], self.quorum)
         client, prefix, _ = self._where()
         return RLock(client, name, prefix, label=self.label, **self._options())
 
@@ -219,6 +235,9 @@ def turned_away(spec: LockSpec, lock: Any, ttl: float | None) -> LockBusy:
 
 def holders_of(lock: Any, client: Any = None) -> str:
     """Who holds ``lock`` (host, pid, process, thread, since when), for a log line."""
+    members = getattr(lock, "locks", None)
+    if members is not None:  # MultiLock / RedLock: per server
+        return "; ".join(f"[{i}] {holders_of(m)}" for i, m in enumerate(members))
     return describe_holders(client if client is not None else lock.client, lock.key, lock.prefix)
 
 
@@ -303,9 +322,10 @@ def hold_for_call(spec: LockSpec, lock: RLock, func: Callable[..., Any]) -> Call
 
 
 def locked(template: str | Callable[..., str], *, wait: float = 0, lease: float | None = None,
-           on_busy: str | Callable[..., Any] | None = None, cache: str | None = None,
+           on_busy: str | Callable[..., Any] | None = None, cache: str | Sequence[str] | None = None,
            client: Any = None, prefix: str | None = None, status: int | None = None,
-           dedupe: bool = False, until_commit: bool = True) -> Callable[[F], F]:
+           dedupe: bool = False, until_commit: bool = True,
+           quorum: bool = False) -> Callable[[F], F]:
     """Run the decorated callable only while holding the lock named by ``template``.
 
     ``wait``: seconds to wait for a busy lock (0: one attempt). ``lease``: seconds, or None for
@@ -317,12 +337,14 @@ def locked(template: str | Callable[..., str], *, wait: float = 0, lease: float 
     (default ``RLOCK["CACHE"]``); ``client``/``prefix``: use a redis-py client directly,
     without Django. ``status``: the busy response status (default ``RLOCK["BUSY_STATUS"]``).
     ``dedupe``: Celery tasks only, skip enqueueing a duplicate (see ``django_rlock.celery``).
+    ``cache=["a", "b", "c"]``: a ``MultiLock`` over those caches' servers (sync callables), or
+    with ``quorum=True`` a ``RedLock``.
     ``until_commit``: a sync call made inside ``transaction.atomic()`` (or ``ATOMIC_REQUESTS``)
     keeps its lock until that transaction commits or rolls back, so the next holder sees its
     writes; False releases when the call returns (async views are never in a transaction).
     """
     spec = LockSpec(template, wait, lease, on_busy, cache, client, prefix, status, dedupe,
-                    until_commit)
+                    until_commit, quorum)
 
     def decorate(func: F) -> F:
         if hasattr(func, "apply_async") and hasattr(func, "run"):
@@ -337,6 +359,9 @@ def locked(template: str | Callable[..., str], *, wait: float = 0, lease: float 
         sig = inspect.signature(func, follow_wrapped=not isinstance(func, functools.partial))
         spec.check_signature(func, sig)
 
+        if inspect.iscoroutinefunction(func) and isinstance(spec.cache, (list, tuple)):
+            raise TypeError(f"@locked(cache=[...]) on the async {func.__qualname__}() is not "
+                            f"supported yet (no AsyncMultiLock); use one cache alias")
         if inspect.iscoroutinefunction(func):
             @functools.wraps(func)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:

@@ -62,14 +62,20 @@ class MultiLock:
         if on_lost is not None and not callable(on_lost):
             raise TypeError(f"on_lost must be callable ({type(self).__name__})")
         self.locks = tuple(locks)
-        self.name = f"{type(self).__name__}({', '.join(lock.name for lock in locks)})"
+        names = {lock.name for lock in locks}
+        keys = {lock.key for lock in locks}
+        #: The members' name (one name on N servers, the usual case), else a composite.
+        self.name = names.pop() if len(names) == 1 else (
+            f"{type(self).__name__}({', '.join(lock.name for lock in locks)})")
+        self.key = keys.pop() if len(keys) == 1 else self.name
+        self.label = locks[0].label
         self._on_lost = on_lost
         self._lost_members: set[int] = set()
         for i, lock in enumerate(locks):
             lock._on_lost = self._chain(i, lock._on_lost)
 
     def __repr__(self) -> str:
-        return f"<{self.name}>"
+        return f"<{type(self).__name__} {self.name!r} over {len(self.locks)} servers>"
 
     # -- what differs between MultiLock and RedLock --------------------------------------
     @property
@@ -181,11 +187,10 @@ class MultiLock:
             return
         if len(failures) == len(self.locks) and all(
                 isinstance(e, LockNotOwnedError) for e in failures.values()):
-            raise LockNotOwnedError(f"cannot unlock {self.name}: not held by this owner",
-                                    self.name)
+            raise LockNotOwnedError(f"cannot unlock {self!r}: not held by this owner", self.name)
         what = ", ".join(f"member {i} {self.locks[i].name!r} ({type(e).__name__}: {e})"
                          for i, e in failures.items())
-        raise MultiLockError(f"releasing {self.name} failed for {what}", self.name, failures)
+        raise MultiLockError(f"releasing {self!r} failed for {what}", self.name, failures)
 
     # -- inspecting -----------------------------------------------------------------------
     def _held(self) -> int:
@@ -199,6 +204,18 @@ class MultiLock:
 
     def is_held_by_current_thread(self) -> bool:
         return self._held() >= self.quorum
+
+    def remaining_ttl(self) -> float | None:
+        """The longest lease left among the members (how long until all could be free)."""
+        ttls = []
+        for lock in self.locks:
+            try:
+                ttl = lock.remaining_ttl()
+            except RedisError:
+                continue
+            if ttl is not None:
+                ttls.append(ttl)
+        return max(ttls) if ttls else None
 
     def is_lost(self) -> bool:
         """True once more members were lost than the lock can do without."""
