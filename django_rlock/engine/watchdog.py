@@ -25,7 +25,7 @@ from typing import Any
 
 from redis.exceptions import NoScriptError
 
-from . import events, identity
+from . import events, identity, replicas
 from .scripts import FORCE_UNLOCK_OWNER_SCRIPT, RENEW_SCRIPT
 
 logger = logging.getLogger("django_rlock")
@@ -73,7 +73,7 @@ class Hold:
 
     __slots__ = ("client", "server", "key", "name", "owner", "count", "lease_ms", "renew",
                  "period", "due", "lost", "on_lost", "expires_at", "thread", "since", "label",
-                 "scripts_keys")
+                 "scripts_keys", "valid_until")
 
     def __init__(self, client: Any, server: tuple[Any, ...], key: str, name: str, owner: str) -> None:
         self.client = client
@@ -93,6 +93,7 @@ class Hold:
         self.since = time.monotonic()
         self.label: str | None = None
         self.scripts_keys: tuple[Any, ...] = ()  # (key, channel, index) for a release on its behalf
+        self.valid_until = 0.0      # monotonic end of the last lease confirmed (acquire, renewal)
 
 
 HoldKey = tuple[tuple[Any, ...], str, str]
@@ -146,6 +147,7 @@ class Watchdog:
             if not hold.renew:
                 hold.expires_at = now + lease_ms / 1000.0
                 hold.due = hold.expires_at + 1.0
+            hold.valid_until = max(hold.valid_until, now + hold.lease_ms / 1000.0)
             if self._thread is None:
                 self._start()
             elif hold.due < self._wake_at:
@@ -188,9 +190,12 @@ class Watchdog:
         self._lost[k] = hold
 
     def is_lost(self, k: HoldKey) -> bool:
+        """Lost, or (watchdog mode) its lease may have run out unrenewed: no renewal has been
+        confirmed in time (Redis unreachable, a failover under way). Work that must not
+        overlap another holder's stops here; a later confirmed renewal clears it."""
         hold = self._holds.get(k)
         if hold is not None:
-            return hold.lost
+            return hold.lost or (hold.renew and time.monotonic() > hold.valid_until)
         return k in self._lost
 
     def forget_lost(self, k: HoldKey) -> None:
@@ -247,8 +252,9 @@ class Watchdog:
         for h in holds:
             by_server.setdefault(h.server, []).append(h)
         for group in by_server.values():
+            sent = time.monotonic()
             try:
-                results = self._renew_on(group[0].client, group)
+                results, synced = self._renew_on(group[0].client, group)
             except Exception as exc:  # never let the thread die; retry soon, not a period later
                 logger.warning("django-rlock: could not renew %d lock(s) (%s: %s); retrying",
                                len(group), type(exc).__name__, exc)
@@ -260,8 +266,13 @@ class Watchdog:
             for h, ok in zip(group, results, strict=False):
                 if not ok:
                     self._mark_lost(h)
+                elif synced:  # on a replica too: a failover now keeps at least this lease
+                    h.valid_until = max(h.valid_until, sent + h.lease_ms / 1000.0)
 
-    def _renew_on(self, client: Any, group: list[Hold]) -> list[int]:
+    def _renew_on(self, client: Any, group: list[Hold]) -> tuple[list[int], bool]:
+        """RENEW every hold of one server (with WAIT behind, on a master with replicas).
+
+        Returns the per-hold results and whether the renewals reached a replica."""
         calls = []
         for i in range(0, len(group), RENEW_BATCH):
             chunk = group[i:i + RENEW_BATCH]
@@ -270,11 +281,15 @@ class Watchdog:
                 args.append(h.owner)
                 args.append(int(h.period * 3000))
             calls.append((tuple(h.key for h in chunk), tuple(args)))
+        replicas_now = _replicas(client, group[0].server)
+        wait = (replicas_now, 1000) if replicas_now else None
         out: list[int] = []
-        for reply in self._pipeline(client, RENEW_SCRIPT, calls):
+        replies = self._pipeline(client, RENEW_SCRIPT, calls, wait)
+        acked = replies.pop() if wait is not None else None
+        for reply in replies:
             out.extend(int(x) for x in reply)
         self.renewed += len(out)
-        return out
+        return out, wait is None or (isinstance(acked, int) and acked >= 1)
 
     def _release_dead(self, holds: list[Hold]) -> None:
         """Release the holds of threads that ended holding them (one pipeline per server)."""
@@ -301,13 +316,16 @@ class Watchdog:
                     events.emit("released", name=h.name, key=h.key, label=h.label, owner=h.owner,
                                 held=time.monotonic() - h.since, reason="owner ended")
 
-    def _pipeline(self, client: Any, script: Any, calls: list[tuple[tuple[Any, ...], tuple[Any, ...]]]
-                  ) -> list[Any]:
-        """Run ``script`` once per (keys, args) in one pipeline; loads it after a SCRIPT FLUSH."""
+    def _pipeline(self, client: Any, script: Any, calls: list[tuple[tuple[Any, ...], tuple[Any, ...]]],
+                  wait: tuple[int, int] | None = None) -> list[Any]:
+        """Run ``script`` once per (keys, args) in one pipeline, then ``WAIT`` if given (its
+        reply last); loads the script after a SCRIPT FLUSH."""
         for attempt in (0, 1):
             pipe = client.pipeline(transaction=False)
             for keys, args in calls:
                 pipe.evalsha(script.sha, len(keys), *keys, *args)
+            if wait is not None:
+                pipe.execute_command("WAIT", *wait)
             try:
                 return list(pipe.execute())
             except NoScriptError:
@@ -338,6 +356,14 @@ class Watchdog:
                 h.on_lost(h.name)
             except Exception:
                 logger.exception("django-rlock: on_lost callback for lock %r failed", h.name)
+
+
+def _replicas(client: Any, server: Any) -> int:
+    """Replicas a renewal should reach (0: none, or replica sync unavailable)."""
+    try:
+        return replicas.connected(client, server) or 0
+    except Exception:  # the renewal itself reports a dead server
+        return 0
 
 
 _watchdog = Watchdog()

@@ -189,3 +189,20 @@ def test_only_online_replicas_are_counted():
             "slave1": {"ip": "127.0.0.1", "state": "wait_bgsave"}}
     assert replicas._online(info) == 1
     assert replicas._online({"connected_slaves": 0}) == 0
+
+
+def test_renewals_reach_the_replica_or_the_holder_is_in_doubt(pair, m):
+    lock = RLock(m, "renewed", watchdog_timeout=0.6, sync_timeout=0.3)
+    lock.lock()
+    before = calls(m, "wait")
+    time.sleep(0.7)  # three renewal periods
+    assert calls(m, "wait") > before  # renewals carried WAIT
+    assert not lock.is_lost()
+    with paused(pair[1]):
+        deadline = time.monotonic() + 3
+        while not lock.is_lost() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        # The master still renews it, but a failover now could lose it: not vouched for.
+        assert lock.is_lost() and m.exists("renewed")
+    _until(lambda: not lock.is_lost(), 5)  # a renewal reached the replica again
+    lock.unlock()

@@ -134,3 +134,27 @@ def test_a_failed_release_cancels_renewal(own_server):
     assert not admin.exists("stuck")
     c.close()
     admin.close()
+
+
+def test_a_holder_is_told_before_an_unrenewed_lease_can_run_out(own_server):
+    """Redis stops answering (a failover under way): renewals cannot be confirmed, so
+    is_lost() turns True once the last confirmed lease is over, before anyone else could have
+    the lock; on_lost is not called for a doubt, only for a hold found gone."""
+    import os
+    import signal
+
+    client = own_server.client(socket_timeout=0.3, retry=Retry(NoBackoff(), 0))
+    lost: list[str] = []
+    lock = RLock(client, "lapse", watchdog_timeout=0.9, on_lost=lost.append)
+    lock.lock()
+    assert not lock.is_lost()
+    os.kill(own_server.proc.pid, signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + 3
+        while not lock.is_lost() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert lock.is_lost()  # within the 0.9 s lease of the last renewal, + a poll
+        assert time.monotonic() < deadline
+    finally:
+        os.kill(own_server.proc.pid, signal.SIGCONT)
+    client.close()
