@@ -21,6 +21,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from redis.exceptions import NoScriptError
@@ -110,6 +111,8 @@ class Watchdog:
         self._thread: threading.Thread | None = None
         self._wake_at = float("inf")
         self._stopped = False
+        self._pool: ThreadPoolExecutor | None = None  # renews each server on its own thread
+        self._inflight: set[tuple[Any, ...]] = set()  # servers whose renewal is under way
         #: Round trips and renewed keys since start (read by tests and the benchmark).
         self.round_trips = 0
         self.renewed = 0
@@ -248,26 +251,57 @@ class Watchdog:
                 self._renew(due)
 
     def _renew(self, holds: list[Hold]) -> None:
+        """Hand each server's renewals to a pool thread and return at once: a server that is
+        down (a client's connect retries and timeouts) must never delay the sweeps of the
+        others past their lease. A server whose last renewal is still in flight is tried
+        again a second later."""
         by_server: dict[tuple[Any, ...], list[Hold]] = {}
         for h in holds:
             by_server.setdefault(h.server, []).append(h)
-        for group in by_server.values():
-            sent = time.monotonic()
-            try:
-                results, synced = self._renew_on(group[0].client, group)
-            except Exception as exc:  # never let the thread die; retry soon, not a period later
-                logger.warning("django-rlock: could not renew %d lock(s) (%s: %s); retrying",
-                               len(group), type(exc).__name__, exc)
-                retry_at = time.monotonic() + 1.0
-                with self._lock:
+        for server, group in by_server.items():
+            with self._lock:
+                if server in self._inflight:
+                    retry_at = time.monotonic() + 1.0
                     for h in group:
                         h.due = min(h.due, retry_at + h.period / 2)
-                continue
-            for h, ok in zip(group, results, strict=False):
-                if not ok:
-                    self._mark_lost(h)
-                elif synced:  # on a replica too: a failover now keeps at least this lease
-                    h.valid_until = max(h.valid_until, sent + h.lease_ms / 1000.0)
+                    continue
+                self._inflight.add(server)
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(max_workers=8,
+                                                    thread_name_prefix="django-rlock-renew")
+            self._pool.submit(self._renew_server, server, group)
+
+    def _renew_server(self, server: tuple[Any, ...], group: list[Hold]) -> None:
+        try:
+            self._renew_group(group)
+        finally:
+            with self._lock:
+                self._inflight.discard(server)
+
+    def _renew_group(self, group: list[Hold]) -> None:
+        sent = time.monotonic()
+        try:
+            results, synced = self._renew_on(group[0].client, group)
+        except Exception as exc:  # never let the thread die; retry soon, not a period later
+            now = time.monotonic()
+            # Past its last confirmed lease the key is gone wherever it was (a promoted replica
+            # holds no later TTL): lost for good, not worth retrying.
+            gone = [h for h in group if now > h.valid_until]
+            logger.warning("django-rlock: could not renew %d lock(s) (%s: %s); %s",
+                           len(group), type(exc).__name__, exc,
+                           "retrying" if len(gone) < len(group) else "their leases are over")
+            with self._lock:
+                for h in group:
+                    h.due = min(h.due, now + 1.0 + h.period / 2)
+                self._wakeup.notify()  # the sweep may be asleep past the retry time
+            for h in gone:
+                self._mark_lost(h, "could not be renewed before its lease ran out")
+            return
+        for h, ok in zip(group, results, strict=False):
+            if not ok:
+                self._mark_lost(h)
+            elif synced:  # on a replica too: a failover now keeps at least this lease
+                h.valid_until = max(h.valid_until, sent + h.lease_ms / 1000.0)
 
     def _renew_on(self, client: Any, group: list[Hold]) -> tuple[list[int], bool]:
         """RENEW every hold of one server (with WAIT behind, on a master with replicas).
@@ -336,14 +370,14 @@ class Watchdog:
                 self.round_trips += 1
         return []
 
-    def _mark_lost(self, h: Hold) -> None:
+    def _mark_lost(self, h: Hold, how: str = "expired or was force-unlocked") -> None:
         k = (h.server, h.key, h.owner)
         with self._lock:
             if self._holds.get(k) is not h:
                 return  # released (or released and taken again) while the renewal ran
             del self._holds[k]
             self._remember_lost(k, h)
-        self._tell_lost(h, "expired or was force-unlocked")
+        self._tell_lost(h, how)
 
     def _tell_lost(self, h: Hold, how: str) -> None:
         logger.warning("django-rlock: lock %r (key %r) was lost: it %s while held by %s; it is "

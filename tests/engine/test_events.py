@@ -61,10 +61,10 @@ def test_a_contended_acquire_reports_its_wait(r, seen, holders):
 
 
 def test_an_ended_thread_lost_hold_and_force_unlock(r, seen):
-    t = threading.Thread(target=RLock(r, "ev-dead", watchdog_timeout=0.6).lock)
+    t = threading.Thread(target=RLock(r, "ev-dead", watchdog_timeout=3.0).lock)
     t.start()
     t.join()
-    deadline = time.monotonic() + 3
+    deadline = time.monotonic() + 5  # released within a period (1 s), never by its 3 s lease
     while not of(seen, "released", "ev-dead") and time.monotonic() < deadline:
         time.sleep(0.02)
     assert of(seen, "released", "ev-dead")[0]["reason"] == "owner ended"

@@ -92,10 +92,11 @@ def test_a_hand_off_rewrites_the_entry_and_force_unlock_removes_it(r, holders):
 
 
 def test_a_dead_threads_release_removes_its_entry(r):
-    t = threading.Thread(target=RLock(r, "gone", prefix="p:", watchdog_timeout=0.6).lock)
+    # Released by the watchdog within a period (1 s); a lease running out would leave the entry.
+    t = threading.Thread(target=RLock(r, "gone", prefix="p:", watchdog_timeout=3.0).lock)
     t.start()
     t.join()
-    deadline = time.monotonic() + 3
+    deadline = time.monotonic() + 5
     while r.exists("p:gone") and time.monotonic() < deadline:
         time.sleep(0.02)
     assert not r.exists("p:gone") and entry(r, "p:", "p:gone") is None

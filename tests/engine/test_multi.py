@@ -171,3 +171,17 @@ def test_bad_input(servers):
     with pytest.raises(ValueError, match="lease_time"):
         RedLock(*members(cs)).try_lock(lease_time=0)
     assert not any(c.exists("m") for c in cs)
+
+
+def test_a_dead_server_never_delays_renewals_on_the_others(servers):
+    """redis-py's default retries make a dead server cost seconds per renewal attempt; renewals
+    of other servers' locks go on beside it, never behind it."""
+    doomed = RLock(servers[0].client(), "a", watchdog_timeout=1.5)  # default client retries
+    kept = RLock(servers[1].client(), "b", watchdog_timeout=1.5)
+    doomed.lock()
+    kept.lock()
+    kill(servers[0])
+    time.sleep(4)  # more than two leases
+    assert servers[1].client().exists("b") and not kept.is_lost()
+    kept.unlock()
+    assert doomed.is_lost()

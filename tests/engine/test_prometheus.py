@@ -31,10 +31,12 @@ def test_metrics_follow_real_locks_with_bounded_labels(r, holders):
         busy_lock = RLock(r, "held", label="held")
         h.call(busy_lock.lock)
         assert RLock(r, "held", label="held").force_unlock() is True
-        t = threading.Thread(target=RLock(r, "dies", label="dies", watchdog_timeout=0.6).lock)
+        t = threading.Thread(target=RLock(r, "dies", label="dies", watchdog_timeout=3.0).lock)
         t.start()
         t.join()
-        time.sleep(0.6)
+        deadline = time.monotonic() + 5  # released within a period (1 s), not by its lease
+        while r.exists("dies") and time.monotonic() < deadline:
+            time.sleep(0.02)
     finally:
         prometheus.uninstall(registry)
     assert value(registry, "django_rlock_acquisitions_total", lock="x:{i}") == 100
