@@ -10,9 +10,7 @@ receiver (what every Django project has), and with the Prometheus exporter insta
 from __future__ import annotations
 
 import argparse
-import gc
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -20,23 +18,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.server import RedisServer  # noqa: E402
-from bench.stats import median  # noqa: E402
+from bench.stats import median, step_p50_us  # noqa: E402
 from django_rlock import RLock  # noqa: E402
 from django_rlock.engine import events  # noqa: E402
-
-
-def pairs_p50(step, seconds: float) -> float:
-    for _ in range(200):
-        step()
-    gc.collect()
-    lat = []
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        t = time.perf_counter_ns()
-        step()
-        lat.append(time.perf_counter_ns() - t)
-    lat.sort()
-    return lat[len(lat) // 2] / 1000.0
 
 
 def main() -> None:
@@ -83,7 +67,7 @@ def main() -> None:
             for name, (step, setup) in variants.items():
                 events.listeners = ()
                 setup()
-                p50 = pairs_p50(step, args.seconds)
+                p50 = step_p50_us(step, args.seconds)
                 base = p50 if base is None else base
                 p50s[name].append(p50)
                 ratios[name].append(p50 / base)

@@ -11,7 +11,6 @@ over 5 independent servers (members taken one by one) next to 3x and 5x the floo
 from __future__ import annotations
 
 import argparse
-import gc
 import shutil
 import sys
 import time
@@ -21,23 +20,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.stats import median  # noqa: E402
+from bench.stats import median, step_p50_us  # noqa: E402
 from django_rlock import MultiLock, RedLock, RLock  # noqa: E402
 from django_rlock.testing import RedisServer, free_port  # noqa: E402
-
-
-def p50(step, seconds: float) -> float:
-    for _ in range(100):
-        step()
-    gc.collect()
-    lat = []
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        t = time.perf_counter_ns()
-        step()
-        lat.append(time.perf_counter_ns() - t)
-    lat.sort()
-    return lat[len(lat) // 2] / 1000.0
 
 
 def main() -> None:
@@ -80,7 +65,7 @@ def main() -> None:
         for _ in range(args.rounds):
             base = 0.0
             for name, step in variants.items():
-                v = p50(step, args.seconds)
+                v = step_p50_us(step, args.seconds)
                 base = base or v
                 got[name].append(v)
                 ratio[name].append(v / base)

@@ -172,15 +172,19 @@ class MultiLock:
         ``LockNotOwnedError`` if the caller held none; ``MultiLockError`` (with ``failures``)
         if some could not be released.
         """
+        self._raise_for(self._unlock_all())
+
+    release = unlock
+
+    def _unlock_all(self) -> dict[int, BaseException]:
+        """Unlock every member; the failures by member index."""
         failures: dict[int, BaseException] = {}
         for i, lock in enumerate(self.locks):
             try:
                 lock.unlock()
             except (RedisError, LockError, OSError) as exc:
                 failures[i] = exc
-        self._raise_for(failures)
-
-    release = unlock
+        return failures
 
     def _raise_for(self, failures: dict[int, BaseException]) -> None:
         if not failures:
@@ -266,13 +270,8 @@ class RedLock(MultiLock):
         return lease - (time.monotonic() - start) - drift > 0
 
     def unlock(self) -> None:
-        failures: dict[int, BaseException] = {}
-        for i, lock in enumerate(self.locks):
-            try:
-                lock.unlock()
-            except (RedisError, LockError, OSError) as exc:
-                failures[i] = exc
-        if len(failures) == len(self.locks):
+        failures = self._unlock_all()
+        if len(failures) == len(self.locks):  # the minority's failures are not the caller's
             self._raise_for(failures)
 
     release = unlock
