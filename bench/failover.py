@@ -22,6 +22,7 @@ if str(ROOT) not in sys.path:
 
 from bench.stats import median, step_p50_us  # noqa: E402
 from django_rlock import MultiLock, RedLock, RLock  # noqa: E402
+from django_rlock.engine.replicas import _online  # noqa: E402
 from django_rlock.testing import RedisServer, free_port  # noqa: E402
 
 
@@ -30,14 +31,14 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=1.5)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
-    master = RedisServer(port=free_port()).start()
+    master = RedisServer(port=free_port(), args=["--repl-diskless-sync-delay", "0"]).start()
     replica = RedisServer(port=free_port(), args=["--replicaof", "127.0.0.1", str(master.port)]).start()
     alone = [RedisServer().start() for _ in range(5)]
     servers = [master, replica, *alone]
     try:
         m = master.client()
         deadline = time.monotonic() + 10
-        while m.info("replication")["connected_slaves"] < 1 and time.monotonic() < deadline:
+        while _online(m.info("replication")) < 1 and time.monotonic() < deadline:
             time.sleep(0.05)
         plain = [s.client() for s in alone]
         sha = plain[0].script_load("return 1")

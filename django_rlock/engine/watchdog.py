@@ -260,10 +260,10 @@ class Watchdog:
             by_server.setdefault(h.server, []).append(h)
         for server, group in by_server.items():
             with self._lock:
-                if server in self._inflight:
-                    retry_at = time.monotonic() + 1.0
+                if server in self._inflight:  # soon, and well inside every lease
+                    now = time.monotonic()
                     for h in group:
-                        h.due = min(h.due, retry_at + h.period / 2)
+                        h.due = min(h.due, now + min(1.0, h.period / 4) + h.period / 2)
                     continue
                 self._inflight.add(server)
                 if self._pool is None:
@@ -292,7 +292,7 @@ class Watchdog:
                            "retrying" if len(gone) < len(group) else "their leases are over")
             with self._lock:
                 for h in group:
-                    h.due = min(h.due, now + 1.0 + h.period / 2)
+                    h.due = min(h.due, now + min(1.0, h.period / 4) + h.period / 2)
                 self._wakeup.notify()  # the sweep may be asleep past the retry time
             for h in gone:
                 self._mark_lost(h, "could not be renewed before its lease ran out")
@@ -316,7 +316,10 @@ class Watchdog:
                 args.append(int(h.period * 3000))
             calls.append((tuple(h.key for h in chunk), tuple(args)))
         replicas_now = _replicas(client, group[0].server)
-        wait = (replicas_now, 1000) if replicas_now else None
+        # Never wait on replicas longer than a third of the shortest period: the pipeline's
+        # RENEW already ran, and the next sweep must not find this server still busy.
+        wait_ms = max(1, min(1000, int(min(h.period for h in group) * 1000 / 3)))
+        wait = (replicas_now, wait_ms) if replicas_now else None
         out: list[int] = []
         replies = self._pipeline(client, RENEW_SCRIPT, calls, wait)
         acked = replies.pop() if wait is not None else None

@@ -34,11 +34,12 @@ def _until(cond, limit: float = 10.0) -> None:
 
 @pytest.fixture(scope="module")
 def pair() -> Iterator[tuple[RedisServer, RedisServer]]:
-    master = RedisServer(port=free_port()).start()
+    master = RedisServer(port=free_port(), args=["--repl-diskless-sync-delay", "0"]).start()
     replica = RedisServer(port=free_port(),
                           args=["--replicaof", "127.0.0.1", str(master.port)]).start()
     with master.client() as m, replica.client() as rep:
-        _until(lambda: m.info("replication")["connected_slaves"] == 1
+        # Online on the master's side too: a replica still in its first sync is not counted.
+        _until(lambda: replicas._online(m.info("replication")) == 1
                and rep.info("replication")["master_link_status"] == "up")
     yield master, replica
     for s in (replica, master):
