@@ -15,6 +15,8 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
+from redis.exceptions import ConnectionError as RedisConnectionError
+
 from . import events, identity, pubsub, replicas
 from .clients import sync_twin
 from .errors import LockNotOwnedError
@@ -124,8 +126,12 @@ class AsyncRLock(LockBase):
         too few acknowledge): one unit, so cancellation shields the undo too."""
         if target is None:
             return await acall_once(self._client, ACQUIRE_SCRIPT, (self.key, self._index), args)
-        ttl, acked = await acall_once(self._client, ACQUIRE_SCRIPT, (self.key, self._index), args,
-                                      self._wait_args(target))
+        try:
+            ttl, acked = await acall_once(self._client, ACQUIRE_SCRIPT, (self.key, self._index),
+                                          args, self._wait_args(target))
+        except RedisConnectionError:
+            replicas.forget(self._server)  # a failover: the new master has other replicas
+            raise
         err = self._shortfall(acked, target, connected, "an acquire") if ttl is None else None
         if err is not None:
             await acall_once(self._client, RELEASE_SCRIPT, self._release_keys,

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
 from . import events, identity, pubsub, replicas
@@ -396,8 +397,12 @@ class RLock(LockBase):
         if target is None:
             ttl = call_once(self._client, ACQUIRE_SCRIPT, (self.key, self._index), args)
         else:
-            ttl, acked = call_once(self._client, ACQUIRE_SCRIPT, (self.key, self._index), args,
-                                   self._wait_args(target))
+            try:
+                ttl, acked = call_once(self._client, ACQUIRE_SCRIPT, (self.key, self._index),
+                                       args, self._wait_args(target))
+            except RedisConnectionError:
+                replicas.forget(self._server)  # a failover: the new master has other replicas
+                raise
             err = self._shortfall(acked, target, connected, "an acquire") if ttl is None else None
             if err is not None:
                 call_once(self._client, RELEASE_SCRIPT, self._release_keys,

@@ -607,6 +607,17 @@ class PubSubManager:
                 self._detach_overdue(now)
             if not self._connected:
                 return
+            # A Sentinel pool that found a new master (a switchover leaves the old one up, and
+            # our subscription on it, until Sentinel demotes it): follow it.
+            try:  # (asks the sentinels: once a second per subscription)
+                address = getattr(self._client.connection_pool, "master_address", None)
+            except Exception:  # no sentinel answers: keep what we have
+                address = None
+            if address is not None and (getattr(self._conn, "host", None),
+                                        getattr(self._conn, "port", None)) != tuple(address):
+                self._connected = False
+                self._conn.disconnect()
+                return
             if self._ping_at and now - self._ping_at >= _PONG_TIMEOUT:
                 # A half-open connection (NAT or firewall dropped it) reads nothing forever.
                 logger.warning("django-rlock: pub/sub connection silent after PING; reconnecting")

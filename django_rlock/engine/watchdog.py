@@ -283,6 +283,7 @@ class Watchdog:
         try:
             results, synced = self._renew_on(group[0].client, group)
         except Exception as exc:  # never let the thread die; retry soon, not a period later
+            replicas.forget(group[0].server)  # maybe a failover: count the new master's replicas
             now = time.monotonic()
             # Past its last confirmed lease the key is gone wherever it was (a promoted replica
             # holds no later TTL): lost for good, not worth retrying.
