@@ -134,13 +134,14 @@ class LockBase:
     def _sync_target(self, connected: int | None) -> tuple[int, int] | None:
         """(replicas to WAIT for, acknowledgements required), or None: nothing to wait for.
 
-        ``"auto"`` waits for every connected replica and needs one: Sentinel promotes the most
-        up-to-date replica, so one that has the lock is enough. An int needs that many.
+        ``"auto"`` (replicas online) needs one acknowledgement and WAITs for just that one:
+        Sentinel promotes the most up-to-date replica, so one that has the lock is enough, and
+        a stalled replica then costs nothing while another answers. An int needs that many.
         """
         if not connected or self.sync_replicas is None:
             return None
         if self.sync_replicas == "auto":
-            return connected, 1
+            return 1, 1
         return int(self.sync_replicas), int(self.sync_replicas)
 
     def _wait_args(self, target: tuple[int, int] | None) -> tuple[int, int] | None:
