@@ -7,6 +7,8 @@ imported eagerly, the Django-facing ones (``get_lock``, ``locked``) on first use
 from typing import Any
 
 from .engine import (
+    AsyncMultiLock,
+    AsyncRedLock,
     AsyncRLock,
     LockBusy,
     LockError,
@@ -20,8 +22,9 @@ from .engine import (
 
 __version__ = "0.1.0"
 
-__all__ = ["AsyncRLock", "LockBusy", "LockError", "LockNotOwnedError", "LockNotSyncedError",
-           "MultiLock", "MultiLockError", "RLock", "RedLock", "__version__", "get_lock", "locked"]
+__all__ = ["AsyncMultiLock", "AsyncRLock", "AsyncRedLock", "LockBusy", "LockError",
+           "LockNotOwnedError", "LockNotSyncedError", "MultiLock", "MultiLockError", "RLock",
+           "RedLock", "__version__", "get_lock", "locked"]
 
 
 def __getattr__(name: str) -> Any:

@@ -361,7 +361,8 @@ def locked(template: str | Callable[..., str], *, wait: float = 0, lease: float 
 
         if inspect.iscoroutinefunction(func) and isinstance(spec.cache, (list, tuple)):
             raise TypeError(f"@locked(cache=[...]) on the async {func.__qualname__}() is not "
-                            f"supported yet (no AsyncMultiLock); use one cache alias")
+                            f"supported yet; use one cache alias, or take an AsyncMultiLock / "
+                            f"AsyncRedLock of the engine inside the view")
         if inspect.iscoroutinefunction(func):
             @functools.wraps(func)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:

@@ -3,7 +3,8 @@
 from .aio import AsyncRLock
 from .errors import LockBusy, LockError, LockNotOwnedError, LockNotSyncedError
 from .lock import RLock
-from .multi import MultiLock, MultiLockError, RedLock
+from .multi import AsyncMultiLock, AsyncRedLock, MultiLock, MultiLockError, RedLock
 
-__all__ = ["AsyncRLock", "LockBusy", "LockError", "LockNotOwnedError", "LockNotSyncedError", "MultiLock",
-           "MultiLockError", "RLock", "RedLock"]
+__all__ = ["AsyncMultiLock", "AsyncRLock", "AsyncRedLock", "LockBusy", "LockError",
+           "LockNotOwnedError", "LockNotSyncedError", "MultiLock", "MultiLockError", "RLock",
+           "RedLock"]

@@ -64,14 +64,14 @@ class AsyncRLock(LockBase):
                   task: Any = None) -> Any:
         hold = super()._acquired(k, lease_ms, t0)
         if task is None:
-            task = asyncio.current_task()
+            task = identity.acting_task()
         if hold.count == 1 and task is not None:
             task.add_done_callback(lambda _: self._task_done(k, hold))
         return hold
 
     def _grant_callback(self, k: HoldKey, lease_ms: int | None, t0: float) -> Callable[[], None]:
         # A grant runs on the releasing thread or task: watch the waiter's own task.
-        task = asyncio.current_task()
+        task = identity.acting_task()
         return lambda: self._acquired(k, lease_ms, t0, task=task)
 
     def _task_done(self, k: HoldKey, hold: Any) -> None:

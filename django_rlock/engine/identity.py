@@ -13,6 +13,8 @@ watchdog thread, the pub/sub connection) register a reset hook here.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import itertools
 import json
 import os
@@ -21,7 +23,8 @@ import sys
 import threading
 import uuid
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 _process_id = str(uuid.uuid4())
 _pid = os.getpid()
@@ -51,14 +54,36 @@ def thread_owner() -> str:
 _task_ids: weakref.WeakKeyDictionary[asyncio.Task[object], int] = weakref.WeakKeyDictionary()
 
 
+#: The task child tasks act for (``acting_for``): an async MultiLock takes its members in
+#: child tasks, concurrently, but they are the calling task's holds.
+_acting: contextvars.ContextVar[asyncio.Task[Any] | None] = contextvars.ContextVar(
+    "django_rlock_acting_task", default=None)
+
+
+def acting_task() -> asyncio.Task[Any] | None:
+    """The task that owns what the running task acquires: itself, unless it acts for another."""
+    return _acting.get() or asyncio.current_task()
+
+
+@contextlib.contextmanager
+def acting_for(task: asyncio.Task[Any] | None) -> Iterator[None]:
+    """Tasks created inside (which copy the context) acquire and release as ``task``."""
+    token = _acting.set(task)
+    try:
+        yield
+    finally:
+        _acting.reset(token)
+
+
 def task_owner() -> str:
     """The hash field of the running asyncio task: ``<client uuid>:<serial>``.
 
     Concurrent tasks share a thread (and ``sync_to_async`` runs many calls on one thread), so
     a thread's serial would let them "re-enter" each other's lock. Each task gets its own
-    serial, never reused in this process; a child task is a different owner from its parent.
+    serial, never reused in this process; a child task is a different owner from its parent
+    (unless it acts for it: ``acting_for``).
     """
-    task = asyncio.current_task()
+    task = acting_task()
     if task is None:
         raise RuntimeError("AsyncRLock must be used from inside an asyncio task")
     n = _task_ids.get(task)
@@ -125,7 +150,7 @@ def thread_info(owner: str) -> str:
 
 def task_info(owner: str) -> str:
     """``thread_info`` for the running asyncio task: its name, and the thread it runs on."""
-    task = asyncio.current_task()
+    task = acting_task()
     name = task.get_name() if task is not None else "?"
     return (f'{{"owner":{json.dumps(owner)},{_process_part()},"thread":{json.dumps(name)},'
             f'"os_thread_id":{threading.get_ident()}}}')

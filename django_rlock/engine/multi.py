@@ -14,6 +14,7 @@ fenced lock. It is offered because people ask for it; prefer ``RLock`` with repl
 
 from __future__ import annotations
 
+import asyncio
 import math
 import random
 import time
@@ -23,6 +24,8 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
+from . import identity
+from .aio import AsyncRLock
 from .errors import LockError, LockNotOwnedError
 from .lock import RLock, check_seconds
 
@@ -48,13 +51,15 @@ class MultiLock:
     ``on_lost(name)`` is called once) when a member's hold is lost.
     """
 
-    def __init__(self, *locks: RLock, on_lost: Callable[[str], Any] | None = None) -> None:
+    _member_type: type = RLock
+
+    def __init__(self, *locks: Any, on_lost: Callable[[str], Any] | None = None) -> None:
         if not locks:
             raise ValueError(f"{type(self).__name__} needs at least one lock")
         for lock in locks:
-            if not isinstance(lock, RLock):
-                raise TypeError(f"{type(self).__name__} members must be RLocks, not "
-                                f"{type(lock).__name__}")
+            if not isinstance(lock, self._member_type):
+                raise TypeError(f"{type(self).__name__} members must be "
+                                f"{self._member_type.__name__}s, not {type(lock).__name__}")
         where = [(lock._server, lock.key) for lock in locks]
         if len(set(where)) != len(where):
             raise ValueError(f"{type(self).__name__} has the same lock twice: "
@@ -275,3 +280,111 @@ class RedLock(MultiLock):
             self._raise_for(failures)
 
     release = unlock
+
+
+class AsyncMultiLock(MultiLock):
+    """``MultiLock`` over ``AsyncRLock``s: members are taken concurrently (one round trip of
+    wall time, not N), each in a child task acting for the caller, so the holds are the
+    calling task's. ``await lock()``, ``await try_lock(...)``, ``await unlock()``,
+    ``await is_held_by_current_task()``, ``async with``; a cancelled acquire gives back what it
+    took before the cancellation goes on."""
+
+    _member_type = AsyncRLock
+
+    async def lock(self, lease_time: float | None = None) -> None:  # type: ignore[override]
+        lease = self._lease(lease_time)
+        while not await self._aacquire(ROUND_PER_MEMBER * len(self.locks), lease):
+            pass
+
+    async def try_lock(self, wait_time: float = 0.0,  # type: ignore[override]
+                       lease_time: float | None = None) -> bool:
+        wait = check_seconds(wait_time, "wait_time", self.name, zero_ok=True)
+        return await self._aacquire(wait, self._lease(lease_time))
+
+    @staticmethod
+    async def _atry(lock: Any, wait: float, lease: float | None) -> bool:
+        try:
+            return bool(await lock.try_lock(wait, lease))
+        except (RedisError, LockError, OSError):
+            return False
+
+    def _spawn(self, coros: list[Any]) -> list[asyncio.Future[Any]]:
+        # Created inside acting_for: the child tasks copy the context, so they act for us.
+        with identity.acting_for(asyncio.current_task()):
+            return [asyncio.ensure_future(c) for c in coros]
+
+    async def _aacquire(self, wait: float, lease: float | None) -> bool:
+        start = time.monotonic()
+        deadline = start + wait
+        member_lease = None if lease is None else max(lease, 2 * wait)
+        while True:
+            remaining = max(0.0, deadline - time.monotonic())
+            # Concurrent: every member may use the whole remaining budget.
+            tasks = self._spawn([self._atry(m, remaining, member_lease) for m in self.locks])
+            try:
+                await asyncio.gather(*tasks)
+            except asyncio.CancelledError:
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                await self._arelease([m for m, t in zip(self.locks, tasks, strict=True)
+                                      if not t.cancelled() and t.result() is True])
+                raise
+            taken = [m for m, t in zip(self.locks, tasks, strict=True) if t.result()]
+            if len(taken) >= self.quorum and self._still_valid(start, lease):
+                if lease is not None and member_lease != lease:
+                    ms = max(1, math.ceil(lease * 1000))
+                    await asyncio.gather(*(m.client.pexpire(m.key, ms) for m in taken),
+                                         return_exceptions=True)
+                self._lost_members.clear()
+                return True
+            await self._arelease(taken)
+            now = time.monotonic()
+            if wait == 0 or now >= deadline:
+                return False
+            await asyncio.sleep(min(deadline - now, random.uniform(0.005, 0.05)))
+
+    async def _arelease(self, taken: list[Any]) -> None:
+        await asyncio.gather(*self._spawn([m.unlock() for m in taken]), return_exceptions=True)
+
+    async def _aunlock_all(self) -> dict[int, BaseException]:
+        results = await asyncio.gather(*self._spawn([m.unlock() for m in self.locks]),
+                                       return_exceptions=True)
+        return {i: r for i, r in enumerate(results)
+                if isinstance(r, (RedisError, LockError, OSError))}
+
+    async def unlock(self) -> None:  # type: ignore[override]
+        self._raise_for(await self._aunlock_all())
+
+    release = unlock  # type: ignore[assignment]
+
+    async def is_held_by_current_task(self) -> bool:
+        held = 0
+        for lock in self.locks:
+            try:
+                held += await lock.is_held_by_current_task()
+            except RedisError:
+                pass
+        return held >= self.quorum
+
+    async def __aenter__(self) -> AsyncMultiLock:
+        await self.lock()
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.unlock()
+
+
+class AsyncRedLock(AsyncMultiLock):
+    """``RedLock`` over ``AsyncRLock``s, members taken concurrently (see ``RedLock``)."""
+
+    quorum = RedLock.quorum
+    _still_valid = RedLock._still_valid
+
+    async def unlock(self) -> None:  # type: ignore[override]
+        failures = await self._aunlock_all()
+        if len(failures) == len(self.locks):  # the minority's failures are not the caller's
+            self._raise_for(failures)
+
+    release = unlock  # type: ignore[assignment]

@@ -185,3 +185,43 @@ def test_a_dead_server_never_delays_renewals_on_the_others(servers):
     assert servers[1].client().exists("b") and not kept.is_lost()
     kept.unlock()
     assert doomed.is_lost()
+
+
+def test_async_multilock_takes_its_members_concurrently_as_the_calling_task(servers):
+    import asyncio
+
+    import redis.asyncio
+
+    from django_rlock import AsyncMultiLock, AsyncRedLock, AsyncRLock
+
+    async def main():
+        acs = [redis.asyncio.Redis(unix_socket_path=s.socket) for s in servers[:3]]
+        multi = AsyncMultiLock(*(AsyncRLock(c, "am") for c in acs))
+        await multi.try_lock()  # warm: subscriptions, scripts
+        await multi.unlock()
+        for s in servers[:3]:
+            s.client().client_pause(400)  # every member answers 0.4 s late
+        start = time.monotonic()
+        assert await multi.try_lock(wait_time=5) is True
+        took = time.monotonic() - start
+        # The holds are this task's: reentrant here, not another task's to release.
+        assert await multi.is_held_by_current_task()
+        assert all([await m.hold_count() for m in multi.locks])
+
+        async def other() -> None:
+            with pytest.raises(LockNotOwnedError):
+                await AsyncMultiLock(*(AsyncRLock(c, "am") for c in acs)).unlock()
+            assert await AsyncMultiLock(*(AsyncRLock(c, "am") for c in acs)).try_lock() is False
+
+        await asyncio.create_task(other())
+        await multi.unlock()
+        assert not any([await c.exists("am") for c in acs])
+        red = AsyncRedLock(*(AsyncRLock(c, "ar") for c in acs))
+        async with red:
+            assert await red.is_held_by_current_task()
+        for c in acs:
+            await c.aclose()
+        return took
+
+    took = asyncio.run(main())
+    assert took < 1.0, took  # one paused round trip of wall time, not three (1.2 s)
