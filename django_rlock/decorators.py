@@ -147,11 +147,20 @@ class LockSpec:
         client, prefix, _ = self._where()
         return RLock(client, name, prefix, label=self.label, **self._options())
 
-    def async_lock(self, name: str) -> AsyncRLock:
+    def async_lock(self, name: str) -> Any:
+        """An ``AsyncRLock``, or an ``AsyncMultiLock``/``AsyncRedLock`` over a list of caches."""
         from .engine.clients import async_twin
 
-        client, prefix, _ = self._where()
         options = self._options()
+        if isinstance(self.cache, (list, tuple)):
+            from .connection import get_client, get_prefix
+            from .engine import AsyncMultiLock, AsyncRedLock
+
+            members = [AsyncRLock(async_twin(get_client(a)), name, get_prefix(a),
+                                  sync_client=get_client(a), label=self.label, **options)
+                       for a in self.cache]
+            return AsyncRedLock(*members) if self.quorum else AsyncMultiLock(*members)
+        client, prefix, _ = self._where()
         if hasattr(client, "connection_pool") and inspect.iscoroutinefunction(
                 getattr(client, "execute_command", None)):
             return AsyncRLock(client, name, prefix, label=self.label, **options)
@@ -236,8 +245,9 @@ def turned_away(spec: LockSpec, lock: Any, ttl: float | None) -> LockBusy:
 def holders_of(lock: Any, client: Any = None) -> str:
     """Who holds ``lock`` (host, pid, process, thread, since when), for a log line."""
     members = getattr(lock, "locks", None)
-    if members is not None:  # MultiLock / RedLock: per server
-        return "; ".join(f"[{i}] {holders_of(m)}" for i, m in enumerate(members))
+    if members is not None:  # MultiLock / RedLock (or their asyncio twins): per server
+        return "; ".join(f"[{i}] {holders_of(m, getattr(m, '_sync_client', None))}"
+                         for i, m in enumerate(members))
     return describe_holders(client if client is not None else lock.client, lock.key, lock.prefix)
 
 
@@ -359,10 +369,6 @@ def locked(template: str | Callable[..., str], *, wait: float = 0, lease: float 
         sig = inspect.signature(func, follow_wrapped=not isinstance(func, functools.partial))
         spec.check_signature(func, sig)
 
-        if inspect.iscoroutinefunction(func) and isinstance(spec.cache, (list, tuple)):
-            raise TypeError(f"@locked(cache=[...]) on the async {func.__qualname__}() is not "
-                            f"supported yet; use one cache alias, or take an AsyncMultiLock / "
-                            f"AsyncRedLock of the engine inside the view")
         if inspect.iscoroutinefunction(func):
             @functools.wraps(func)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -370,7 +376,7 @@ def locked(template: str | Callable[..., str], *, wait: float = 0, lease: float 
                 if not await lock.try_lock(spec.wait, spec.lease):
                     ttl = await lock.remaining_ttl()
                     return _on_busy(spec, async_wrapper, turned_away(spec, lock, ttl), args, kwargs,
-                                    lambda: holders_of(lock, lock._sync_client))
+                                    lambda: holders_of(lock, getattr(lock, "_sync_client", None)))
                 try:
                     return await func(*args, **kwargs)
                 finally:

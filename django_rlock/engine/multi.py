@@ -358,6 +358,13 @@ class AsyncMultiLock(MultiLock):
 
     release = unlock  # type: ignore[assignment]
 
+    async def remaining_ttl(self) -> float | None:  # type: ignore[override]
+        """The longest lease left among the members."""
+        ttls = await asyncio.gather(*(m.remaining_ttl() for m in self.locks),
+                                    return_exceptions=True)
+        known = [t for t in ttls if isinstance(t, float)]
+        return max(known) if known else None
+
     async def is_held_by_current_task(self) -> bool:
         held = 0
         for lock in self.locks:

@@ -60,9 +60,18 @@ def test_locked_over_several_caches(three, holders):
         return "ran"
 
     assert majority(2) == "ran"  # two of three are free
-    with pytest.raises(TypeError, match="async"):
-        @locked("x", cache=["a", "b"])
-        async def view(request: Any) -> None: ...
+
+    @locked("areport:{n}", cache=["a", "b", "c"], on_busy="raise")
+    async def areport(n: int) -> str:
+        return "ran"
+
+    import asyncio
+
+    assert asyncio.run(areport(1)) == "ran"
+    holders().call(get_lock("areport:2", cache="a").lock)
+    with pytest.raises(LockBusy) as aerr:
+        asyncio.run(areport(2))
+    assert aerr.value.name == "areport:2" and 29 < aerr.value.ttl <= 30
     with pytest.raises(ValueError, match="quorum"):
         locked("x", quorum=True)
 
