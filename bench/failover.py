@@ -5,12 +5,14 @@
 Variants, interleaved in every round: the floor (two EVALSHA of ``return 1``) on a master
 without replica; ``RLock`` there; ``RLock`` on a master with one replica (replica sync: WAIT in
 the same round trip); ``RLock`` there with the check off; ``MultiLock`` over 3 and ``RedLock``
-over 5 independent servers (members taken one by one) next to 3x and 5x the floor.
+over 5 independent servers, members taken one by one, and their asyncio twins (members taken
+concurrently, one event loop, ``run_until_complete`` per pair) next to 3x and 5x the floor.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import shutil
 import sys
 import time
@@ -20,8 +22,17 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+import redis.asyncio  # noqa: E402
+
 from bench.stats import median, step_p50_us  # noqa: E402
-from django_rlock import MultiLock, RedLock, RLock  # noqa: E402
+from django_rlock import (  # noqa: E402
+    AsyncMultiLock,
+    AsyncRedLock,
+    AsyncRLock,
+    MultiLock,
+    RedLock,
+    RLock,
+)
 from django_rlock.engine.replicas import _online  # noqa: E402
 from django_rlock.testing import RedisServer, free_port  # noqa: E402
 
@@ -47,6 +58,18 @@ def main() -> None:
             plain[0].evalsha(sha, 1, "f")
             plain[0].evalsha(sha, 1, "f")
 
+        loop = asyncio.new_event_loop()
+        aplain = [redis.asyncio.Redis(unix_socket_path=s.socket) for s in alone]
+
+        def apair(loop, lock):
+            async def once() -> None:
+                await lock.lock()
+                await lock.unlock()
+
+            def step() -> None:
+                loop.run_until_complete(once())
+            return step
+
         def pair(lock):
             def step() -> None:
                 lock.lock()
@@ -58,8 +81,12 @@ def main() -> None:
             "RLock, no replica": pair(RLock(plain[0], "b")),
             "RLock, 1 replica, replica sync": pair(RLock(m, "b")),
             "RLock, 1 replica, sync off": pair(RLock(m, "b2", sync_replicas=None)),
-            "MultiLock over 3": pair(MultiLock(*(RLock(c, "b") for c in plain[:3]))),
-            "RedLock over 5": pair(RedLock(*(RLock(c, "b") for c in plain))),
+            "MultiLock over 3 (one by one)": pair(MultiLock(*(RLock(c, "b") for c in plain[:3]))),
+            "RedLock over 5 (one by one)": pair(RedLock(*(RLock(c, "b") for c in plain))),
+            "AsyncMultiLock over 3 (concurrent)": apair(
+                loop, AsyncMultiLock(*(AsyncRLock(c, "b2") for c in aplain[:3]))),
+            "AsyncRedLock over 5 (concurrent)": apair(
+                loop, AsyncRedLock(*(AsyncRLock(c, "b2") for c in aplain))),
         }
         got: dict[str, list[float]] = {k: [] for k in variants}
         ratio: dict[str, list[float]] = {k: [] for k in variants}
