@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import math
 import random
+import threading
 import time
 from collections.abc import Callable
 from types import TracebackType
@@ -28,10 +29,16 @@ from . import identity
 from .aio import AsyncRLock
 from .errors import LockError, LockNotOwnedError
 from .lock import RLock, check_seconds
+from .scripts import RENEW_SCRIPT, acall_once, call_once
+from .watchdog import watchdog
 
 #: Seconds a ``lock()`` gives each member per round before letting go of all and starting over
 #: (so two MultiLocks over the same members never wait on each other forever).
 ROUND_PER_MEMBER = 1.5
+#: The least a RedLock member is given of the budget (Redisson: 1 ms): enough for a wake-up.
+MIN_MEMBER_WAIT = 0.01
+#: Errors that mean "this member is not held" while acquiring (a server down, a replica short).
+MEMBER_ERRORS = (RedisError, LockError, OSError)
 
 
 class MultiLockError(LockError):
@@ -46,35 +53,38 @@ class MultiLock:
     """All-or-nothing over ``RLock``s that may live on different servers; the ``RLock`` API.
 
     Members are taken in the order given, within the wait budget; if one cannot be had, those
-    already taken are released and the attempt starts over while budget remains. With a lease,
-    every member gets it from the moment the whole lock is held. ``is_lost()`` turns True (and
-    ``on_lost(name)`` is called once) when a member's hold is lost.
+    already taken are released and the attempt starts over from the first while budget
+    remains. With a lease, every member gets it from the moment the whole lock is held.
+    ``is_lost()`` turns True (and ``on_lost(name)`` is called once) when a member's hold is lost.
     """
 
     _member_type: type = RLock
 
     def __init__(self, *locks: Any, on_lost: Callable[[str], Any] | None = None) -> None:
+        kind = type(self).__name__
         if not locks:
-            raise ValueError(f"{type(self).__name__} needs at least one lock")
+            raise ValueError(f"{kind} needs at least one lock")
         for lock in locks:
             if not isinstance(lock, self._member_type):
-                raise TypeError(f"{type(self).__name__} members must be "
-                                f"{self._member_type.__name__}s, not {type(lock).__name__}")
+                raise TypeError(f"{kind} members must be {self._member_type.__name__}s, not "
+                                f"{type(lock).__name__}")
         where = [(lock._server, lock.key) for lock in locks]
         if len(set(where)) != len(where):
-            raise ValueError(f"{type(self).__name__} has the same lock twice: "
-                             f"{[lock.name for lock in locks]}")
+            raise ValueError(f"{kind} has the same lock twice (one key on one server): "
+                             f"{[lock.key for lock in locks]}")
         if on_lost is not None and not callable(on_lost):
-            raise TypeError(f"on_lost must be callable ({type(self).__name__})")
+            raise TypeError(f"on_lost must be callable ({kind})")
         self.locks = tuple(locks)
         names = {lock.name for lock in locks}
         keys = {lock.key for lock in locks}
         #: The members' name (one name on N servers, the usual case), else a composite.
         self.name = names.pop() if len(names) == 1 else (
-            f"{type(self).__name__}({', '.join(lock.name for lock in locks)})")
+            f"{kind}({', '.join(lock.name for lock in locks)})")
         self.key = keys.pop() if len(keys) == 1 else self.name
         self.label = locks[0].label
         self._on_lost = on_lost
+        # Renewals run on one pool thread per server: two members may be found lost at once.
+        self._lost_guard = threading.Lock()
         self._lost_members: set[int] = set()
         for i, lock in enumerate(locks):
             lock._on_lost = self._chain(i, lock._on_lost)
@@ -109,6 +119,8 @@ class MultiLock:
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
         """``threading.RLock.acquire`` semantics (watchdog mode)."""
         if not blocking:
+            if timeout != -1:
+                raise ValueError(f"can't specify a timeout for a non-blocking call ({self!r})")
             return self.try_lock()
         if timeout == -1:
             self.lock()
@@ -120,32 +132,42 @@ class MultiLock:
             return None
         return check_seconds(lease_time, "lease_time", self.name, zero_ok=False)
 
+    @staticmethod
+    def _member_lease(lease: float | None, wait: float) -> float | None:
+        # Members taken first must not expire while later ones are awaited (Redisson: 2x wait);
+        # cut to ``lease`` once all are held.
+        return None if lease is None else max(lease, 2 * wait)
+
     def _acquire(self, wait: float, lease: float | None) -> bool:
-        start = time.monotonic()
-        deadline = start + wait
-        # Members taken first must not expire while later ones are awaited (Redisson: 2x wait).
-        member_lease = None if lease is None else max(lease, 2 * wait)
+        deadline = time.monotonic() + wait
+        member_lease = self._member_lease(lease, wait)
         allowed = len(self.locks) - self.quorum
         while True:
+            start = time.monotonic()
             taken: list[RLock] = []
             failed = 0
-            for lock in self.locks:
-                remaining = max(0.0, deadline - time.monotonic())
-                try:
-                    ok = lock.try_lock(self._member_wait(remaining), member_lease)
-                except (RedisError, LockError, OSError):
-                    ok = False  # a server down or unsynced: this member is not held
-                if ok:
-                    taken.append(lock)
-                else:
-                    failed += 1
-                    if failed > allowed:
-                        break
-            if len(taken) >= self.quorum and self._still_valid(start, lease):
-                if lease is not None and member_lease != lease:
-                    self._set_lease(taken, lease)
-                self._lost_members.clear()
-                return True
+            try:
+                for lock in self.locks:
+                    remaining = max(0.0, deadline - time.monotonic())
+                    try:
+                        ok = lock.try_lock(self._member_wait(remaining), member_lease)
+                    except MEMBER_ERRORS:
+                        ok = False
+                    if ok:
+                        taken.append(lock)
+                    else:
+                        failed += 1
+                        if failed > allowed:
+                            break
+                if len(taken) >= self.quorum and self._still_valid(start, lease):
+                    if lease is not None and member_lease != lease:
+                        self._set_lease(taken, lease)
+                    with self._lost_guard:
+                        self._lost_members.clear()
+                    return True
+            except BaseException:
+                self._release(taken)  # interrupted: nothing may stay held
+                raise
             self._release(taken)
             now = time.monotonic()
             if wait == 0 or now >= deadline:
@@ -154,11 +176,23 @@ class MultiLock:
             time.sleep(min(deadline - now, random.uniform(0.005, 0.05)))
 
     @staticmethod
-    def _set_lease(taken: list[RLock], lease: float) -> None:
+    def _lease_targets(taken: list[Any], lease: float) -> list[tuple[Any, tuple[str, int]]]:
+        """(member, RENEW args) for the members whose TTL is cut to ``lease``: not a reentry
+        into a watchdog-mode hold (its renewal keeps it; a cut would lose it)."""
         ms = max(1, math.ceil(lease * 1000))
+        out = []
         for lock in taken:
-            try:
-                lock.client.pexpire(lock.key, ms)
+            owner = lock._owner()
+            hold = watchdog().get((lock._server, lock.key, owner))
+            if hold is None or not hold.renew:
+                out.append((lock, (owner, ms)))
+        return out
+
+    @classmethod
+    def _set_lease(cls, taken: list[RLock], lease: float) -> None:
+        for lock, args in cls._lease_targets(taken, lease):
+            try:  # only if still ours (RENEW checks the owner): never another holder's TTL
+                call_once(lock.client, RENEW_SCRIPT, (lock.key,), args)
             except RedisError:
                 pass  # it keeps the longer acquisition lease
 
@@ -167,15 +201,15 @@ class MultiLock:
         for lock in reversed(taken):
             try:
                 lock.unlock()
-            except (RedisError, LockError, OSError):
+            except MEMBER_ERRORS:
                 pass  # it expires by its lease
 
     # -- releasing ------------------------------------------------------------------------
     def unlock(self) -> None:
         """Release every member (each is tried); then raise if any failed.
 
-        ``LockNotOwnedError`` if the caller held none; ``MultiLockError`` (with ``failures``)
-        if some could not be released.
+        ``LockNotOwnedError`` if the caller held none; ``MultiLockError`` (with ``failures``,
+        naming the members) if some could not be released.
         """
         self._raise_for(self._unlock_all())
 
@@ -187,13 +221,14 @@ class MultiLock:
         for i, lock in enumerate(self.locks):
             try:
                 lock.unlock()
-            except (RedisError, LockError, OSError) as exc:
+            except MEMBER_ERRORS as exc:
                 failures[i] = exc
         return failures
 
     def _raise_for(self, failures: dict[int, BaseException]) -> None:
-        if not failures:
-            return
+        """Raise for the failures of an unlock beyond what the lock can do without."""
+        if len(failures) <= len(self.locks) - self.quorum:
+            return  # RedLock: the minority's failures are not the caller's
         if len(failures) == len(self.locks) and all(
                 isinstance(e, LockNotOwnedError) for e in failures.values()):
             raise LockNotOwnedError(f"cannot unlock {self!r}: not held by this owner", self.name)
@@ -212,6 +247,7 @@ class MultiLock:
         return n
 
     def is_held_by_current_thread(self) -> bool:
+        """Whether this thread holds enough members (all; RedLock: a majority)."""
         return self._held() >= self.quorum
 
     def remaining_ttl(self) -> float | None:
@@ -227,17 +263,19 @@ class MultiLock:
         return max(ttls) if ttls else None
 
     def is_lost(self) -> bool:
-        """True once more members were lost than the lock can do without."""
+        """True once more members were lost than the lock can do without (MultiLock: any)."""
         return sum(lock.is_lost() for lock in self.locks) > len(self.locks) - self.quorum
 
     def _chain(self, i: int, member_on_lost: Callable[[str], Any] | None) -> Callable[[str], Any]:
-        # Runs on the watchdog thread: count the members lost here (is_lost() is per owner).
+        # Runs on a watchdog thread: count the members lost here (is_lost() is per owner).
         def on_lost(name: str) -> None:
             if member_on_lost is not None:
                 member_on_lost(name)
-            told = len(self._lost_members) > len(self.locks) - self.quorum
-            self._lost_members.add(i)
-            now = len(self._lost_members) > len(self.locks) - self.quorum
+            tolerated = len(self.locks) - self.quorum
+            with self._lost_guard:
+                told = len(self._lost_members) > tolerated
+                self._lost_members.add(i)
+                now = len(self._lost_members) > tolerated
             if self._on_lost is not None and now and not told:
                 self._on_lost(self.name)
         return on_lost
@@ -255,10 +293,14 @@ class MultiLock:
 class RedLock(MultiLock):
     """The quorum variant: held when N // 2 + 1 members hold, within the budget.
 
-    Each member is given an equal share of the remaining wait. With a lease, what is left of it
-    after the acquisition (lease - elapsed - clock drift, drift = 1% of the lease + 2 ms) must
-    be positive, or the acquisition is undone. Unlock releases every member and ignores the
-    minority's failures. Read the module docstring before relying on it.
+    Each member is given an equal share of the remaining wait (at least ``MIN_MEMBER_WAIT``).
+    With a lease, what is left of it after the acquisition (lease - elapsed - clock drift,
+    drift = 1% of the lease + 2 ms) must be positive, or the acquisition is undone. Unlock
+    releases every member and ignores the minority's failures.
+
+    Its safety is contested (Kleppmann: a GC pause or a clock jump past the lease lets two
+    holders in) and Redisson deprecated it for ``RLock`` with replica sync or a fenced lock.
+    It is offered because people ask for it.
     """
 
     @property
@@ -266,7 +308,9 @@ class RedLock(MultiLock):
         return len(self.locks) // 2 + 1
 
     def _member_wait(self, remaining: float) -> float:
-        return remaining / len(self.locks)
+        if remaining <= 0:
+            return 0.0
+        return min(remaining, max(remaining / len(self.locks), MIN_MEMBER_WAIT))
 
     def _still_valid(self, start: float, lease: float | None) -> bool:
         if lease is None:
@@ -274,20 +318,14 @@ class RedLock(MultiLock):
         drift = lease * 0.01 + 0.002
         return lease - (time.monotonic() - start) - drift > 0
 
-    def unlock(self) -> None:
-        failures = self._unlock_all()
-        if len(failures) == len(self.locks):  # the minority's failures are not the caller's
-            self._raise_for(failures)
-
-    release = unlock
-
 
 class AsyncMultiLock(MultiLock):
     """``MultiLock`` over ``AsyncRLock``s: members are taken concurrently (one round trip of
     wall time, not N), each in a child task acting for the caller, so the holds are the
-    calling task's. ``await lock()``, ``await try_lock(...)``, ``await unlock()``,
-    ``await is_held_by_current_task()``, ``async with``; a cancelled acquire gives back what it
-    took before the cancellation goes on."""
+    calling task's. A round that can no longer succeed (a member refused) stops the others at
+    once and gives back what was taken; a cancelled acquire does the same before the
+    cancellation goes on. ``await lock()``, ``await try_lock(...)``, ``await unlock()``,
+    ``await is_held_by_current_task()``, ``async with``."""
 
     _member_type = AsyncRLock
 
@@ -301,11 +339,22 @@ class AsyncMultiLock(MultiLock):
         wait = check_seconds(wait_time, "wait_time", self.name, zero_ok=True)
         return await self._aacquire(wait, self._lease(lease_time))
 
+    async def acquire(self, blocking: bool = True,  # type: ignore[override]
+                      timeout: float = -1) -> bool:
+        if not blocking:
+            if timeout != -1:
+                raise ValueError(f"can't specify a timeout for a non-blocking call ({self!r})")
+            return await self.try_lock()
+        if timeout == -1:
+            await self.lock()
+            return True
+        return await self.try_lock(timeout)
+
     @staticmethod
     async def _atry(lock: Any, wait: float, lease: float | None) -> bool:
         try:
             return bool(await lock.try_lock(wait, lease))
-        except (RedisError, LockError, OSError):
+        except MEMBER_ERRORS:
             return False
 
     def _spawn(self, coros: list[Any]) -> list[asyncio.Future[Any]]:
@@ -313,30 +362,76 @@ class AsyncMultiLock(MultiLock):
         with identity.acting_for(asyncio.current_task()):
             return [asyncio.ensure_future(c) for c in coros]
 
-    async def _aacquire(self, wait: float, lease: float | None) -> bool:
+    def _grace(self, took: float) -> float:
+        """How long members still out may finish once the round has enough (RedLock)."""
+        return 0.0
+
+    async def _round(self, wait: float, member_lease: float | None) -> list[Any]:
+        """One concurrent round; the members it took. It stops early (the rest cancelled,
+        which gives back what they took) once it cannot succeed, or has enough and the
+        stragglers' grace is over."""
+        loop = asyncio.get_running_loop()
         start = time.monotonic()
-        deadline = start + wait
-        member_lease = None if lease is None else max(lease, 2 * wait)
+        tasks = self._spawn([self._atry(m, wait, member_lease) for m in self.locks])
+        allowed = len(tasks) - self.quorum
+        settled = loop.create_future()
+        counts = [0, 0]  # held, refused
+        timer: list[asyncio.TimerHandle] = []
+
+        def settle() -> None:
+            if not settled.done():
+                settled.set_result(None)
+
+        def on_done(task: asyncio.Future[Any]) -> None:  # one callback, not a wait() per reply
+            if settled.done():
+                return
+            counts[0 if _took(task) else 1] += 1
+            if counts[1] > allowed or sum(counts) == len(tasks):
+                settle()
+            elif counts[0] >= self.quorum and not timer:
+                timer.append(loop.call_later(self._grace(time.monotonic() - start), settle))
+
+        for t in tasks:
+            t.add_done_callback(on_done)
+        try:
+            await settled
+        except BaseException:
+            await self._stop(tasks)
+            await self._arelease([m for m, t in zip(self.locks, tasks, strict=True) if _took(t)])
+            raise
+        finally:
+            for h in timer:
+                h.cancel()
+        await self._stop(tasks)
+        taken = [m for m, t in zip(self.locks, tasks, strict=True) if _took(t)]
+        for t in tasks:
+            if not t.cancelled() and t.exception() is not None:  # a bug, not a refusal
+                await self._arelease(taken)
+                raise t.exception()  # type: ignore[misc]
+        return taken
+
+    @staticmethod
+    async def _stop(tasks: list[asyncio.Future[Any]]) -> None:
+        pending = [t for t in tasks if not t.done()]
+        for t in pending:
+            t.cancel()  # a member's cancelled acquire gives back what it took (engine)
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    async def _aacquire(self, wait: float, lease: float | None) -> bool:
+        deadline = time.monotonic() + wait
+        member_lease = self._member_lease(lease, wait)
         while True:
-            remaining = max(0.0, deadline - time.monotonic())
+            start = time.monotonic()
             # Concurrent: every member may use the whole remaining budget.
-            tasks = self._spawn([self._atry(m, remaining, member_lease) for m in self.locks])
-            try:
-                await asyncio.gather(*tasks)
-            except asyncio.CancelledError:
-                for t in tasks:
-                    t.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
-                await self._arelease([m for m, t in zip(self.locks, tasks, strict=True)
-                                      if not t.cancelled() and t.result() is True])
-                raise
-            taken = [m for m, t in zip(self.locks, tasks, strict=True) if t.result()]
+            taken = await self._round(max(0.0, deadline - start), member_lease)
             if len(taken) >= self.quorum and self._still_valid(start, lease):
                 if lease is not None and member_lease != lease:
-                    ms = max(1, math.ceil(lease * 1000))
-                    await asyncio.gather(*(m.client.pexpire(m.key, ms) for m in taken),
-                                         return_exceptions=True)
-                self._lost_members.clear()
+                    await asyncio.gather(*(
+                        acall_once(m.client, RENEW_SCRIPT, (m.key,), args)
+                        for m, args in self._lease_targets(taken, lease)), return_exceptions=True)
+                with self._lost_guard:
+                    self._lost_members.clear()
                 return True
             await self._arelease(taken)
             now = time.monotonic()
@@ -345,15 +440,17 @@ class AsyncMultiLock(MultiLock):
             await asyncio.sleep(min(deadline - now, random.uniform(0.005, 0.05)))
 
     async def _arelease(self, taken: list[Any]) -> None:
-        await asyncio.gather(*self._spawn([m.unlock() for m in taken]), return_exceptions=True)
+        if taken:
+            await asyncio.gather(*self._spawn([m.unlock() for m in taken]),
+                                 return_exceptions=True)
 
     async def _aunlock_all(self) -> dict[int, BaseException]:
         results = await asyncio.gather(*self._spawn([m.unlock() for m in self.locks]),
                                        return_exceptions=True)
-        return {i: r for i, r in enumerate(results)
-                if isinstance(r, (RedisError, LockError, OSError))}
+        return {i: r for i, r in enumerate(results) if isinstance(r, MEMBER_ERRORS)}
 
     async def unlock(self) -> None:  # type: ignore[override]
+        """Release every member concurrently; then raise as ``MultiLock.unlock``."""
         self._raise_for(await self._aunlock_all())
 
     release = unlock  # type: ignore[assignment]
@@ -366,13 +463,16 @@ class AsyncMultiLock(MultiLock):
         return max(known) if known else None
 
     async def is_held_by_current_task(self) -> bool:
-        held = 0
-        for lock in self.locks:
-            try:
-                held += await lock.is_held_by_current_task()
-            except RedisError:
-                pass
-        return held >= self.quorum
+        """Whether this task holds enough members (all; RedLock: a majority)."""
+        held = await asyncio.gather(*self._spawn([m.is_held_by_current_task()
+                                                  for m in self.locks]), return_exceptions=True)
+        return sum(h is True for h in held) >= self.quorum
+
+    def is_held_by_current_thread(self) -> bool:
+        raise TypeError(f"{self!r} is owned by a task: await is_held_by_current_task()")
+
+    def __enter__(self) -> MultiLock:
+        raise TypeError(f"{self!r} is an asyncio lock: use 'async with'")
 
     async def __aenter__(self) -> AsyncMultiLock:
         await self.lock()
@@ -383,15 +483,17 @@ class AsyncMultiLock(MultiLock):
         await self.unlock()
 
 
+def _took(task: asyncio.Future[Any]) -> bool:
+    return task.done() and not task.cancelled() and task.exception() is None and task.result()
+
+
 class AsyncRedLock(AsyncMultiLock):
-    """``RedLock`` over ``AsyncRLock``s, members taken concurrently (see ``RedLock``)."""
+    """``RedLock`` over ``AsyncRLock``s, members taken concurrently (see ``RedLock``). Once a
+    majority holds, members still out get as long again as that took (at least
+    ``MIN_MEMBER_WAIT``) and are then given up: a busy member never costs the whole budget."""
 
     quorum = RedLock.quorum
     _still_valid = RedLock._still_valid
 
-    async def unlock(self) -> None:  # type: ignore[override]
-        failures = await self._aunlock_all()
-        if len(failures) == len(self.locks):  # the minority's failures are not the caller's
-            self._raise_for(failures)
-
-    release = unlock  # type: ignore[assignment]
+    def _grace(self, took: float) -> float:
+        return max(took, MIN_MEMBER_WAIT)

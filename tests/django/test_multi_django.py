@@ -72,6 +72,13 @@ def test_locked_over_several_caches(three, holders):
     with pytest.raises(LockBusy) as aerr:
         asyncio.run(areport(2))
     assert aerr.value.name == "areport:2" and 29 < aerr.value.ttl <= 30
+
+    @locked("areport:{n}", cache=["a", "b", "c"], quorum=True, on_busy="raise")
+    async def amajority(n: int) -> str:
+        return "ran"
+
+    assert asyncio.run(amajority(2)) == "ran"  # two of three are free: a majority
+    assert not three[1].exists("b:rlock:areport:2") and not three[2].exists("c:rlock:areport:2")
     with pytest.raises(ValueError, match="quorum"):
         locked("x", quorum=True)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import signal
@@ -10,6 +11,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -225,3 +227,105 @@ def test_async_multilock_takes_its_members_concurrently_as_the_calling_task(serv
 
     took = asyncio.run(main())
     assert took < 1.0, took  # one paused round trip of wall time, not three (1.2 s)
+
+
+def test_a_lease_never_cuts_a_watchdog_hold_the_caller_already_had(servers):
+    cs = clients(servers[:3])
+    outer = RLock(cs[0], "m")
+    outer.lock()  # watchdog mode
+    multi = MultiLock(*members(cs))
+    assert multi.try_lock(wait_time=1, lease_time=0.3) is True  # 2x wait, then cut to 0.3 s
+    assert cs[0].pttl("m") > 20_000  # the reentered member keeps its watchdog lease
+    assert all(0 < c.pttl("m") <= 300 for c in cs[1:])
+    time.sleep(0.5)
+    assert cs[0].exists("m") and not cs[1].exists("m") and not cs[2].exists("m")
+    with pytest.raises(MultiLockError) as err:
+        multi.unlock()  # the two leases ran out: reported, the reentry undone
+    assert sorted(err.value.failures) == [1, 2]
+    assert outer.hold_count() == 1 and not outer.is_lost()
+    outer.unlock()
+
+
+def test_redlock_unlock_ignores_a_minority_only(servers):
+    cs = clients(servers[:3])
+    red = RedLock(*members(cs))
+    red.lock()
+    cs[0].delete("m")
+    red.unlock()  # one of three gone: ignored
+    red.lock()
+    cs[0].delete("m")
+    cs[2].delete("m")
+    with pytest.raises(MultiLockError) as err:
+        red.unlock()  # a majority gone: the caller must know
+    assert sorted(err.value.failures) == [0, 2]
+    assert not cs[1].exists("m")
+    with pytest.raises(LockNotOwnedError):
+        red.unlock()
+
+
+def _async_members(servers: list[RedisServer], name: str) -> list[Any]:
+    import redis.asyncio
+
+    from django_rlock import AsyncRLock
+
+    return [AsyncRLock(redis.asyncio.Redis(unix_socket_path=s.socket, socket_timeout=5,
+                                           retry=Retry(NoBackoff(), 0)), name,
+                       sync_client=s.client(socket_timeout=5, retry=Retry(NoBackoff(), 0)))
+            for s in servers]
+
+
+def test_async_multilock_gives_back_what_it_took_on_failure_and_cancellation(servers, holders):
+    from django_rlock import AsyncMultiLock
+
+    cs = clients(servers[:3])
+    holders().call(members(cs)[1].lock)  # the middle member is someone else's
+
+    async def main() -> None:
+        multi = AsyncMultiLock(*_async_members(servers[:3], "m"))
+        start = time.monotonic()
+        assert await multi.try_lock(wait_time=0.4) is False
+        assert 0.35 < time.monotonic() - start < 2
+        assert not cs[0].exists("m") and not cs[2].exists("m")
+        # Cancelled while the busy member waits: the others are given back first.
+        attempt = asyncio.ensure_future(multi.try_lock(wait_time=10))
+        await asyncio.sleep(0.3)
+        assert cs[0].exists("m") and cs[2].exists("m")  # taken concurrently, not one by one
+        attempt.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await attempt
+        assert not cs[0].exists("m") and not cs[2].exists("m")
+
+    asyncio.run(main())
+    kill(servers[2])  # a member down: refused at once, nothing left on the others
+
+    async def down() -> None:
+        multi = AsyncMultiLock(*_async_members(servers[:3], "d"))
+        assert await multi.try_lock(wait_time=0.3) is False
+        assert not cs[0].exists("d") and not cs[1].exists("d")
+        with pytest.raises(TypeError, match="async with"):
+            with multi:
+                pass
+
+    asyncio.run(down())
+
+
+def test_async_redlock_does_not_wait_out_a_busy_minority(servers, holders):
+    from django_rlock import AsyncRedLock
+
+    cs = clients(servers)
+    holders().call(members(cs)[4].lock)  # one of five is someone else's
+    kill(servers[3])  # and one is down
+
+    async def main() -> float:
+        red = AsyncRedLock(*_async_members(servers, "m"))
+        start = time.monotonic()
+        assert await red.try_lock(wait_time=10, lease_time=5) is True
+        took = time.monotonic() - start
+        assert await red.is_held_by_current_task()
+        assert all(c.exists("m") for c in cs[:3])
+        assert all(0 < c.pttl("m") <= 5_000 for c in cs[:3])  # cut from 2x wait to the lease
+        await red.unlock()  # the busy and the dead member's failures are the minority's
+        assert not any(c.exists("m") for c in cs[:3])
+        return took
+
+    assert asyncio.run(main()) < 2  # not the 10 s budget the busy member could wait
