@@ -17,15 +17,12 @@ from typing import Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from . import events, identity, pubsub, replicas
+from . import events, identity, replicas, waiting
 from .clients import sync_twin
 from .errors import LockNotOwnedError
-from .lock import SUBSCRIBE_TIMEOUT, HoldKey, LockBase, log_masked_release, ttl_seconds
+from .lock import HoldKey, LockBase, log_masked_release, ttl_seconds
 from .naming import UNLOCK_MESSAGE
 from .scripts import (
-    ACQUIRE_SCRIPT,
-    FORCE_UNLOCK_OWNER_SCRIPT,
-    FORCE_UNLOCK_SCRIPT,
     RELEASE_SCRIPT,
     acall_once,
 )
@@ -86,8 +83,7 @@ class AsyncRLock(LockBase):
         if events.listeners:
             events.emit("released", name=self.name, key=self.key, label=self.label, owner=k[2],
                         held=time.monotonic() - hold.since, reason="owner ended")
-        self._spawn(acall_once(self._client, FORCE_UNLOCK_OWNER_SCRIPT, self._release_keys,
-                               (k[2], UNLOCK_MESSAGE)))
+        self._spawn(acall_once(self._client, hold.end_script, hold.scripts_keys, hold.end_args))
 
     # -- acquiring ------------------------------------------------------------------------
     async def lock(self, lease_time: float | None = None) -> None:
@@ -125,25 +121,27 @@ class AsyncRLock(LockBase):
         """The acquire round trip (with WAIT on a master with replicas; undone and raised if
         too few acknowledge): one unit, so cancellation shields the undo too."""
         if target is None:
-            return await acall_once(self._client, ACQUIRE_SCRIPT, (self.key, self._index), args)
+            return self._ttl_of(await acall_once(self._client, self._ACQUIRE,
+                                                 self._acquire_keys, args))
         try:
-            ttl, acked = await acall_once(self._client, ACQUIRE_SCRIPT, (self.key, self._index),
-                                          args, self._wait_args(target))
+            reply, acked = await acall_once(self._client, self._ACQUIRE, self._acquire_keys,
+                                            args, self._wait_args(target))
         except RedisConnectionError:
             replicas.forget(self._server)  # a failover: the new master has other replicas
             raise
+        ttl = self._ttl_of(reply)
         err = self._shortfall(acked, target, connected, "an acquire") if ttl is None else None
         if err is not None:
-            await acall_once(self._client, RELEASE_SCRIPT, self._release_keys,
-                             (k[2], args[0], UNLOCK_MESSAGE))
+            await acall_once(self._client, self._RELEASE, self._release_keys,
+                             self._release_args(k[2], args[0]))
             raise err
         return ttl
 
     async def _send_release(self, args: tuple[Any, ...], connected: int,
                             target: tuple[int, int] | None) -> Any:
         if target is None:
-            return await acall_once(self._client, RELEASE_SCRIPT, self._release_keys, args)
-        r, acked = await acall_once(self._client, RELEASE_SCRIPT, self._release_keys, args,
+            return await acall_once(self._client, self._RELEASE, self._release_keys, args)
+        r, acked = await acall_once(self._client, self._RELEASE, self._release_keys, args,
                                     self._wait_args(target))
         err = self._shortfall(acked, target, connected, "a release")
         if err is not None and r is not None:
@@ -163,8 +161,8 @@ class AsyncRLock(LockBase):
             return
         if ttl is None:
             try:
-                await acall_once(self._client, RELEASE_SCRIPT, self._release_keys,
-                                 (owner, self._watchdog_ms, UNLOCK_MESSAGE))
+                await acall_once(self._client, self._RELEASE, self._release_keys,
+                                 self._release_args(owner, self._watchdog_ms))
             except BaseException:
                 pass
 
@@ -173,8 +171,8 @@ class AsyncRLock(LockBase):
         lock, so undo that one level at once instead of leaving it for the lease."""
         if fut.cancelled() or fut.exception() is not None or fut.result() is not None:
             return
-        self._spawn(acall_once(self._client, RELEASE_SCRIPT, self._release_keys,
-                               (owner, self._watchdog_ms, UNLOCK_MESSAGE)))
+        self._spawn(acall_once(self._client, self._RELEASE, self._release_keys,
+                               self._release_args(owner, self._watchdog_ms)))
 
     @staticmethod
     def _spawn(coro: Any) -> None:
@@ -184,7 +182,7 @@ class AsyncRLock(LockBase):
 
     async def _acquire(self, wait: float | None, lease_ms: int | None) -> bool:
         t0 = time.monotonic()
-        k = (self._server, self.key, identity.task_owner())
+        k = (self._server, self.key, self._field())
         park_until = self._park_first_until(k, wait)
         if not park_until:
             if await self._attempt(k, lease_ms, t0) is None:
@@ -195,54 +193,17 @@ class AsyncRLock(LockBase):
 
     async def _wait(self, k: HoldKey, lease_ms: int | None, wait: float | None,
                     park_until: float, t0: float) -> bool:
-        deadline = None if wait is None else time.monotonic() + wait
-        sub_timeout = SUBSCRIBE_TIMEOUT if wait is None else min(SUBSCRIBE_TIMEOUT, wait)
-        ms = self._watchdog_ms if lease_ms is None else lease_ms
-        mgr = pubsub.manager(self._sync_client)
-        loop = asyncio.get_running_loop()
-        slot = mgr.enter(self._channel, k[2], ms, self._grant_callback(k, lease_ms, t0), loop,
-                         self.key, self._info(k[2]))
-        acquired = False
-        try:
-            confirmed = mgr.confirmation(slot, loop)
-            if confirmed is not None:
-                # If it cannot be confirmed in time, waits are still bounded by the PTTL.
-                try:
-                    await asyncio.wait_for(confirmed, sub_timeout)
-                except TimeoutError:
-                    pass
-            if park_until:
-                end = park_until if deadline is None else min(park_until, deadline)
-                acquired = await slot.apark(end - time.monotonic())
-            while not acquired:
-                if await slot.abegin_attempt():
-                    acquired = True
-                    break
-                ttl = await self._attempt(k, lease_ms, t0, claim=True)
-                again = slot.attempted(ttl is None, ttl)
-                if ttl is None:
-                    acquired = True
-                elif again:
-                    continue
-                elif deadline is not None and time.monotonic() >= deadline:
-                    break
-                else:
-                    acquired = await slot.apark(self._wait_timeout(ttl, deadline))
-            return acquired
-        finally:
-            if await slot.aleave() and not acquired:
-                # Handed the lock just as we gave up (budget spent, cancelled): give it back
-                # ourselves, now, as its owner.
-                try:
-                    await self.unlock()
-                except Exception:
-                    pass
+        async def attempt(claim: bool) -> int | None:
+            return await self._attempt(k, lease_ms, t0, claim)
+
+        return await waiting.await_(self._waiting(k, lease_ms, t0), attempt, wait, self.unlock,
+                                    park_until)
 
     # -- releasing ------------------------------------------------------------------------
     async def unlock(self) -> None:
         """Release one hold of the calling task (see ``RLock.unlock``)."""
         target = await self._target()
-        plan = self._release_plan((self._server, self.key, identity.task_owner()))
+        plan = self._release_plan((self._server, self.key, self._field()))
         fut = asyncio.ensure_future(self._send_release(plan.args, *target))
         try:
             r = await asyncio.shield(fut)
@@ -275,18 +236,18 @@ class AsyncRLock(LockBase):
     async def force_unlock(self) -> bool:
         """Delete the lock whoever holds it and wake its waiters. True if a lock was deleted."""
         before = self._holds_now()
-        return self._forced(await acall_once(self._client, FORCE_UNLOCK_SCRIPT, self._release_keys,
-                                             (UNLOCK_MESSAGE,)), before)
+        return self._forced(await acall_once(self._client, self._FORCE, self._release_keys,
+                                             self._force_args()), before)
 
     # -- inspecting -----------------------------------------------------------------------
     async def is_locked(self) -> bool:
         return bool(await self._client.exists(self.key))
 
     async def is_held_by_current_task(self) -> bool:
-        return bool(await self._client.hexists(self.key, identity.task_owner()))
+        return bool(await self._client.hexists(self.key, self._field()))
 
     async def hold_count(self) -> int:
-        return int(await self._client.hget(self.key, identity.task_owner()) or 0)
+        return int(await self._client.hget(self.key, self._field()) or 0)
 
     async def remaining_ttl(self) -> float | None:
         """Seconds left on the lease; None when not locked, ``inf`` for a key without expiry."""

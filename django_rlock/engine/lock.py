@@ -17,16 +17,15 @@ from typing import Any
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
-from . import events, identity, pubsub, replicas
+from . import events, identity, pubsub, replicas, waiting
 from .errors import LockNotOwnedError, LockNotSyncedError
 from .naming import UNLOCK_MESSAGE, index_key, lock_channel
-from .scripts import ACQUIRE_SCRIPT, FORCE_UNLOCK_SCRIPT, RELEASE_SCRIPT, call_once
-from .watchdog import server_id, watchdog
+from .scripts import ACQUIRE_SCRIPT, FORCE_UNLOCK_SCRIPT, RELEASE_SCRIPT, Script, call_once
+from .watchdog import HoldKind, server_id, watchdog
 
 logger = logging.getLogger("django_rlock")
 
-#: Longest a waiter waits for its SUBSCRIBE to be confirmed before relying on PTTL alone.
-SUBSCRIBE_TIMEOUT = 7.5
+SUBSCRIBE_TIMEOUT = waiting.SUBSCRIBE_TIMEOUT
 #: After a release that woke waiters in *other* processes, this process lets them have the
 #: first go for this long (seconds) instead of re-grabbing at once: a loop of
 #: lock/unlock in one process would otherwise starve every other process.
@@ -60,7 +59,30 @@ def check_name(name: Any) -> str:
 
 class LockBase:
     """What the sync and asyncio locks share: validation, names, and the bookkeeping around
-    each round trip (the hold registry, the waiter queues, the hand-off). Subclasses do I/O."""
+    each round trip (the hold registry, the waiter queues, the hand-off). Subclasses do I/O.
+
+    A lock kind (fair, read, write, fenced) changes only what is below "what a kind
+    changes": its scripts, their keys and arguments, its hash field, how it renews, and how
+    a message on its channel wakes waiters. Waiting, renewal and bookkeeping stay these.
+    """
+
+    # -- what a kind changes ---------------------------------------------------------------
+    #: Acquire: KEYS ``_acquire_keys``, ARGV ``_acquire_args``; reply nil = acquired, else
+    #: a wait bound in ms (``_ttl_of`` reads other reply shapes).
+    _ACQUIRE: Script = ACQUIRE_SCRIPT
+    #: Release: KEYS ``_release_keys``, ARGV ``_release_args``; reply nil = not the owner,
+    #: 0 = still held, 1 and more = released (RLock: -1 = handed to a local waiter).
+    _RELEASE: Script = RELEASE_SCRIPT
+    #: Force unlock: KEYS ``_release_keys``, ARGV ``_force_args``; reply 1 = deleted.
+    _FORCE: Script = FORCE_UNLOCK_SCRIPT
+    #: A release may hand the lock straight to a waiting thread of this process.
+    _HANDOFF = True
+    #: How many waiters one message on the wait channel wakes (None: one; see pubsub).
+    _WAKES: Callable[[Any], int] | None = None
+    #: Longest park when an attempt gives no bound (-1), if any.
+    _RECHECK: float | None = None
+    #: Renewal and end-of-owner release of this kind's holds (None: the lock's own).
+    _hold_kind: HoldKind | None = None
 
     def __init__(self, client: Any, name: str, prefix: str, watchdog_timeout: float,
                  on_lost: Callable[[str], Any] | None, label: str | None = None,
@@ -91,8 +113,9 @@ class LockBase:
         self._watchdog_ms = max(1, math.ceil(wt * 1000))
         self._channel = lock_channel(self.key).encode()
         self._index = index_key(prefix)
-        #: KEYS of the release scripts: lock, channel, index.
-        self._release_keys = (self.key, self._channel, self._index)
+        #: KEYS of the acquire and release scripts (lock, index; lock, channel, index).
+        self._acquire_keys: tuple[Any, ...] = (self.key, self._index)
+        self._release_keys: tuple[Any, ...] = (self.key, self._channel, self._index)
         self._on_lost = on_lost
         #: What metrics and events call this lock: a bounded set (a template), unlike names.
         self.label = label
@@ -129,6 +152,24 @@ class LockBase:
             ms = max(lease_ms, hold.lease_ms) if hold is not None and hold.renew else lease_ms
         info = self._info(k[2])
         return (ms, k[2], info, "claim") if claim else (ms, k[2], info)
+
+    def _release_args(self, field: str, lease_ms: int) -> tuple[Any, ...]:
+        return (field, lease_ms, UNLOCK_MESSAGE)
+
+    def _force_args(self) -> tuple[Any, ...]:
+        return (UNLOCK_MESSAGE,)
+
+    def _ttl_of(self, reply: Any) -> int | None:
+        """The acquire reply as None (acquired) or a wait bound in ms."""
+        return None if reply is None else int(reply)
+
+    def _wait_channel(self, field: str) -> bytes:
+        """Where this owner's wake-up comes (a fair lock has one per waiter)."""
+        return self._channel
+
+    def _field(self) -> str:
+        """The calling owner's hash field (the hold's identity in the watchdog too)."""
+        return self._owner()
 
     # -- replica sync (docs: replicas.py) -------------------------------------------------
     def _sync_target(self, connected: int | None) -> tuple[int, int] | None:
@@ -180,7 +221,8 @@ class LockBase:
         hold = watchdog().acquired(k, self._sync_client, self.name,
                                    self._watchdog_ms if renew else lease_ms, renew,
                                    self.watchdog_timeout, self._on_lost, thread=thread,
-                                   label=self.label, scripts_keys=self._release_keys)
+                                   label=self.label, scripts_keys=self._release_keys,
+                                   kind=self._hold_kind)
         if events.listeners and hold.count == 1:
             events.emit("acquired", name=self.name, key=self.key, label=self.label, owner=k[2],
                         wait=time.monotonic() - t0,
@@ -211,25 +253,28 @@ class LockBase:
                 _yield_until.pop((self._server, self.key), None)
         return until
 
-    def _wait_timeout(self, ttl: int, deadline: float | None) -> float | None:
-        # Redis expires a key once its deadline has *passed*: PTTL 0 is still there.
-        timeout = (ttl + 1) / 1000.0 if ttl >= 0 else None
-        if deadline is not None:
-            left = deadline - time.monotonic()
-            timeout = left if timeout is None else min(timeout, left)
-        return None if timeout is None else min(timeout, threading.TIMEOUT_MAX)
+    def _waiting(self, k: HoldKey, lease_ms: int | None, t0: float) -> waiting.Wait:
+        """This lock's wait: its channel, and what a hand-off to the waiter needs."""
+        if not self._HANDOFF:
+            return waiting.Wait(self._sync_client, self._wait_channel(k[2]), self.key,
+                                wakes=self._WAKES, recheck=self._RECHECK)
+        return waiting.Wait(self._sync_client, self._channel, self.key, owner=k[2],
+                            lease_ms=self._watchdog_ms if lease_ms is None else lease_ms,
+                            on_grant=self._grant_callback(k, lease_ms, t0),
+                            info=self._info(k[2]))
 
     # -- release bookkeeping --------------------------------------------------------------
     def _release_plan(self, k: HoldKey) -> _Release:
         wd = watchdog()
         hold = wd.get(k)
         plan = _Release(k, hold, hold.lease_ms if hold is not None else self._watchdog_ms)
-        if hold is None or hold.count <= 1:  # the final release: maybe hand off, maybe publish
+        if self._HANDOFF and (hold is None or hold.count <= 1):
+            # The final release: maybe hand off, maybe publish.
             plan.mgr = pubsub.existing_manager(self._sync_client)
             if plan.mgr is not None:
                 plan.heir = plan.mgr.reserve(self._channel, self.key)
                 plan.echo = plan.mgr.expect_echo(self._channel)
-        args: tuple[Any, ...] = (k[2], plan.lease_ms, UNLOCK_MESSAGE)
+        args: tuple[Any, ...] = self._release_args(k[2], plan.lease_ms)
         if plan.heir is not None:
             args += (plan.heir.owner, plan.heir.lease_ms, 1, plan.heir.info)
         plan.args = args
@@ -259,7 +304,7 @@ class LockBase:
 
     def _settle(self, plan: _Release, r: int | None) -> pubsub.Waiter | None:
         """Tell the pub/sub side what the release did: hand-off, publish, or nothing."""
-        published = r is not None and r > 0
+        published = r is not None and r > 0 and self._HANDOFF
         mgr, heir = plan.mgr, plan.heir
         orphan = None
         if mgr is not None:
@@ -300,7 +345,7 @@ class LockBase:
 
     def is_lost(self) -> bool:
         """True if the watchdog found this owner's hold gone (expired or force-unlocked)."""
-        return watchdog().is_lost((self._server, self.key, self._owner()))
+        return watchdog().is_lost((self._server, self.key, self._field()))
 
     def _owner(self) -> str:
         raise NotImplementedError
@@ -396,18 +441,19 @@ class RLock(LockBase):
         args = self._acquire_args(k, lease_ms, claim)
         connected, target = self._target()
         if target is None:
-            ttl = call_once(self._client, ACQUIRE_SCRIPT, (self.key, self._index), args)
+            ttl = self._ttl_of(call_once(self._client, self._ACQUIRE, self._acquire_keys, args))
         else:
             try:
-                ttl, acked = call_once(self._client, ACQUIRE_SCRIPT, (self.key, self._index),
-                                       args, self._wait_args(target))
+                reply, acked = call_once(self._client, self._ACQUIRE, self._acquire_keys, args,
+                                         self._wait_args(target))
             except RedisConnectionError:
                 replicas.forget(self._server)  # a failover: the new master has other replicas
                 raise
+            ttl = self._ttl_of(reply)
             err = self._shortfall(acked, target, connected, "an acquire") if ttl is None else None
             if err is not None:
-                call_once(self._client, RELEASE_SCRIPT, self._release_keys,
-                          (k[2], args[0], UNLOCK_MESSAGE))
+                call_once(self._client, self._RELEASE, self._release_keys,
+                          self._release_args(k[2], args[0]))
                 raise err
         if ttl is None:
             self._acquired(k, lease_ms, t0)
@@ -416,7 +462,7 @@ class RLock(LockBase):
 
     def _acquire(self, wait: float | None, lease_ms: int | None) -> bool:
         t0 = time.monotonic()
-        k = (self._server, self.key, identity.thread_owner())
+        k = (self._server, self.key, self._field())
         park_until = self._park_first_until(k, wait)
         if not park_until:
             if self._attempt(k, lease_ms, t0) is None:
@@ -427,44 +473,9 @@ class RLock(LockBase):
 
     def _wait(self, k: HoldKey, lease_ms: int | None, wait: float | None,
               park_until: float, t0: float) -> bool:
-        deadline = None if wait is None else time.monotonic() + wait
-        sub_timeout = SUBSCRIBE_TIMEOUT if wait is None else min(SUBSCRIBE_TIMEOUT, wait)
-        ms = self._watchdog_ms if lease_ms is None else lease_ms
-        slot = pubsub.manager(self._client).enter(
-            self._channel, k[2], ms, self._grant_callback(k, lease_ms, t0), None, self.key,
-            self._info(k[2]))
-        acquired = False
-        try:
-            if not slot.confirmed.is_set():
-                # If the subscription cannot be confirmed in time the waits below are still
-                # bounded by the holder's PTTL; we only lose the early wake-up.
-                slot.confirmed.wait(sub_timeout)
-            if park_until:
-                end = park_until if deadline is None else min(park_until, deadline)
-                acquired = slot.park(end - time.monotonic())
-            while not acquired:
-                if slot.begin_attempt():
-                    acquired = True
-                    break
-                # A waiter never holds the lock: if its field is there, it was handed to it.
-                ttl = self._attempt(k, lease_ms, t0, claim=True)
-                again = slot.attempted(ttl is None, ttl)
-                if ttl is None:
-                    acquired = True
-                elif again:
-                    continue
-                elif deadline is not None and time.monotonic() >= deadline:
-                    break
-                else:
-                    acquired = slot.park(self._wait_timeout(ttl, deadline))
-            return acquired
-        finally:
-            if slot.leave() and not acquired:
-                # Handed the lock just as we gave up (budget spent, or an exception): back.
-                try:
-                    self.unlock()
-                except Exception:
-                    pass
+        return waiting.wait(self._waiting(k, lease_ms, t0),
+                            lambda claim: self._attempt(k, lease_ms, t0, claim),
+                            wait, self.unlock, park_until)
 
     # -- releasing ------------------------------------------------------------------------
     def unlock(self) -> None:
@@ -475,13 +486,13 @@ class RLock(LockBase):
         force-unlocked). A Redis error propagates unchanged and is not retried; renewal of
         the hold stops once its local count reaches zero, so an in-doubt lock expires by itself.
         """
-        plan = self._release_plan((self._server, self.key, identity.thread_owner()))
+        plan = self._release_plan((self._server, self.key, self._field()))
         connected, target = self._target()
         try:
             if target is None:
-                r = call_once(self._client, RELEASE_SCRIPT, self._release_keys, plan.args)
+                r = call_once(self._client, self._RELEASE, self._release_keys, plan.args)
             else:
-                r, acked = call_once(self._client, RELEASE_SCRIPT, self._release_keys, plan.args,
+                r, acked = call_once(self._client, self._RELEASE, self._release_keys, plan.args,
                                      self._wait_args(target))
                 err = self._shortfall(acked, target, connected, "a release")
                 if err is not None and r is not None:
@@ -499,18 +510,18 @@ class RLock(LockBase):
     def force_unlock(self) -> bool:
         """Delete the lock whoever holds it and wake its waiters. True if a lock was deleted."""
         before = self._holds_now()
-        return self._forced(call_once(self._client, FORCE_UNLOCK_SCRIPT, self._release_keys,
-                                      (UNLOCK_MESSAGE,)), before)
+        return self._forced(call_once(self._client, self._FORCE, self._release_keys,
+                                      self._force_args()), before)
 
     # -- inspecting -----------------------------------------------------------------------
     def is_locked(self) -> bool:
         return bool(self._client.exists(self.key))
 
     def is_held_by_current_thread(self) -> bool:
-        return bool(self._client.hexists(self.key, identity.thread_owner()))
+        return bool(self._client.hexists(self.key, self._field()))
 
     def hold_count(self) -> int:
-        return int(self._client.hget(self.key, identity.thread_owner()) or 0)
+        return int(self._client.hget(self.key, self._field()) or 0)
 
     def remaining_ttl(self) -> float | None:
         """Seconds left on the lease; None when not locked, ``inf`` for a key without expiry."""

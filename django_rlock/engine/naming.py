@@ -30,3 +30,32 @@ def index_key(prefix: str) -> str:
     Outside the prefix, so no lock name can collide with it and ``SCAN prefix*`` never sees it.
     """
     return f"{INDEX_PREFIX}:{prefix}"
+
+
+def prefix_name(prefix: str, key: str) -> str:
+    """Redisson's ``prefixName``: ``prefix:{key}`` (``prefix:key`` if it has a hash tag)."""
+    return _prefixed(prefix, key)
+
+
+def suffix_name(key: str, suffix: str) -> str:
+    """Redisson's ``suffixName``: ``{key}:suffix`` (``key:suffix`` if it has a hash tag)."""
+    return f"{key}:{suffix}" if "{" in key else f"{{{key}}}:{suffix}"
+
+
+# The family's names (Redisson's, so Java and Node clients meet ours on the same keys).
+FAIR_QUEUE_PREFIX = "redisson_lock_queue"
+FAIR_TIMEOUT_PREFIX = "redisson_lock_timeout"
+RWLOCK_CHANNEL_PREFIX = "redisson_rwlock"
+TOKEN_PREFIX = "redisson_lock_token"
+SEMAPHORE_CHANNEL_PREFIX = "redisson_sc"
+READ_UNLOCK_MESSAGE = "1"
+
+
+def fair_waiter_channel(key: str, owner: str) -> str:
+    """A fair lock wakes each waiter on its own channel: the next in line, and only it."""
+    return f"{lock_channel(key)}:{owner}"
+
+
+def latch_channel(key: str) -> str:
+    # Literal braces around the name, whatever it holds (Redisson builds it this way).
+    return "redisson_countdownlatch__channel__{" + key + "}"

@@ -120,10 +120,14 @@ class Channel:
     """The waiters of one lock channel in this process."""
 
     __slots__ = ("name", "queue", "active", "pending", "refs", "want", "confirmed",
-                 "idle_since", "expires_hint", "echoes", "confirm_futures")
+                 "idle_since", "expires_hint", "echoes", "confirm_futures", "wakes")
 
-    def __init__(self, name: bytes) -> None:
+    def __init__(self, name: bytes, wakes: WakePolicy | None = None) -> None:
         self.name = name
+        #: How many waiters a message wakes (None: one, the lock's rule, with echoes and
+        #: hand-off). A kind whose message means more (a write unlock, new permits, a latch
+        #: at zero) says so here; its waiters retry and re-park like any other.
+        self.wakes = wakes
         self.queue: collections.deque[Waiter] = collections.deque()
         self.active = 0            # woken or reserved waiters whose outcome is not known yet
         self.pending = False       # a wake arrived while one was in flight
@@ -162,6 +166,40 @@ class Channel:
             self.active += 1
             if not self.queue.popleft()._signal():
                 self.active -= 1
+
+    def wake_message(self, data: Any) -> None:
+        """A message arrived on this channel: wake as many waiters as it is worth."""
+        n = 1 if self.wakes is None else self.wakes(data)
+        if n < 0:
+            self.wake_all()
+        elif n == 1 and self.wakes is None:
+            self.wake_one()
+        else:
+            # Waiters of a multi-wake kind want different things (permits, modes): each woken
+            # one retries; none is folded into another's retry.
+            while n > 0 and self.queue:
+                self.active += 1
+                if self.queue.popleft()._signal():
+                    n -= 1
+                else:
+                    self.active -= 1
+
+
+#: Message payload -> how many waiters it wakes (-1: all of them).
+WakePolicy = Callable[[Any], int]
+
+
+def wake_all(_data: Any) -> int:
+    return -1
+
+
+def wake_count(data: Any) -> int:
+    """Semaphore messages carry the permits now available: wake that many waiters (at least
+    one, since a waiter may want fewer than a permit's worth of change shows)."""
+    try:
+        return max(1, int(data))
+    except (TypeError, ValueError):
+        return -1
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:
@@ -331,13 +369,13 @@ class PubSubManager:
         ch = self._channels.get(channel)
         return ch is not None and self._connected and ch.confirmed.is_set()
 
-    def wake(self, channel: bytes) -> None:
+    def wake(self, channel: bytes, data: Any = b"0") -> None:
         """A release in this process freed the lock: wake a local waiter without waiting
         for the message to come back from Redis."""
         with self._lock:
             ch = self._channels.get(channel)
             if ch is not None:
-                ch.wake_one()
+                ch.wake_message(data)
 
     def reserve(self, channel: bytes, key: str) -> Waiter | None:
         """Pick this process's first waiter for a direct hand-off by a releasing thread.
@@ -458,17 +496,20 @@ class PubSubManager:
     def enter(self, channel: bytes, owner: str = "", lease_ms: int = 0,
               on_grant: Callable[[], None] | None = None,
               loop: asyncio.AbstractEventLoop | None = None, key: str = "",
-              info: str = "") -> Slot:
+              info: str = "", wakes: WakePolicy | None = None) -> Slot:
         """Join the channel's queue, subscribing if needed. Pair with ``Slot.leave()``.
 
         ``owner``, ``lease_ms``, ``on_grant`` and ``info`` let a releasing thread of this
-        process hand the lock straight to this waiter (see ``reserve``).
+        process hand the lock straight to this waiter (see ``reserve``). ``wakes``: how many
+        waiters one message on this channel wakes (default: one).
         """
         w = Waiter(owner, lease_ms, on_grant, loop, key, info)
         with self._lock:
             ch = self._channels.get(channel)
             if ch is None:
-                ch = self._channels[channel] = Channel(channel)
+                ch = self._channels[channel] = Channel(channel, wakes)
+            elif wakes is not None:
+                ch.wakes = wakes
             ch.refs += 1
             ch.queue.append(w)
             if ch.want == 0 or not self._connected:
@@ -590,7 +631,7 @@ class PubSubManager:
                     if ch.echoes > 0:
                         ch.echoes -= 1  # our own release: its waiters were woken directly
                     else:
-                        ch.wake_one()
+                        ch.wake_message(reply[2] if len(reply) > 2 else b"0")
             elif kind == b"subscribe":
                 n = self._acked[name] = self._acked.get(name, 0) + 1
                 ch = self._channels.get(name)

@@ -27,7 +27,7 @@ from typing import Any
 from redis.exceptions import NoScriptError
 
 from . import events, identity, replicas
-from .scripts import FORCE_UNLOCK_OWNER_SCRIPT, RENEW_SCRIPT
+from .scripts import FORCE_UNLOCK_OWNER_SCRIPT, RENEW_SCRIPT, Script
 
 logger = logging.getLogger("django_rlock")
 
@@ -74,7 +74,8 @@ class Hold:
 
     __slots__ = ("client", "server", "key", "name", "owner", "count", "lease_ms", "renew",
                  "period", "due", "lost", "on_lost", "expires_at", "thread", "since", "label",
-                 "scripts_keys", "valid_until")
+                 "scripts_keys", "valid_until", "renew_script", "renew_key", "end_script",
+                 "end_args")
 
     def __init__(self, client: Any, server: tuple[Any, ...], key: str, name: str, owner: str) -> None:
         self.client = client
@@ -95,9 +96,34 @@ class Hold:
         self.label: str | None = None
         self.scripts_keys: tuple[Any, ...] = ()  # (key, channel, index) for a release on its behalf
         self.valid_until = 0.0      # monotonic end of the last lease confirmed (acquire, renewal)
+        # How a kind renews and ends its holds: the script run per hold (KEYS[i] renew_key,
+        # ARGV owner and lease ms), and the one that releases a hold whose owner ended
+        # (KEYS scripts_keys, ARGV end_args). The lock's own by default.
+        self.renew_script: Script = RENEW_SCRIPT
+        self.renew_key = key
+        self.end_script: Script = FORCE_UNLOCK_OWNER_SCRIPT
+        self.end_args: tuple[Any, ...] = (owner, "0")
 
 
 HoldKey = tuple[tuple[Any, ...], str, str]
+
+
+class HoldKind:
+    """How holds of one lock kind are renewed and, when their owner ends, released.
+
+    ``renew_script`` runs batched like RENEW: KEYS are the holds' ``renew_key``, ARGV one
+    (owner, lease ms) pair per key, reply one 1/0 per key. ``end_script`` runs with the
+    hold's ``scripts_keys`` and ``end_args`` and replies 1 if it released something.
+    """
+
+    __slots__ = ("renew_script", "renew_key", "end_script", "end_args")
+
+    def __init__(self, renew_script: Script, renew_key: str, end_script: Script,
+                 end_args: tuple[Any, ...]) -> None:
+        self.renew_script = renew_script
+        self.renew_key = renew_key
+        self.end_script = end_script
+        self.end_args = end_args
 
 
 class Watchdog:
@@ -124,10 +150,11 @@ class Watchdog:
     def acquired(self, k: HoldKey, client: Any, name: str, lease_ms: int, renew: bool,
                  watchdog_timeout: float, on_lost: LostCallback | None, *,
                  thread: threading.Thread | None = None, label: str | None = None,
-                 scripts_keys: tuple[Any, ...] = ()) -> Hold:
+                 scripts_keys: tuple[Any, ...] = (), kind: HoldKind | None = None) -> Hold:
         """Record a successful acquire, before the result is handed back to the caller.
 
         ``thread``: the owner thread, watched so its hold is released if it ends holding.
+        ``kind``: how a lock kind other than RLock renews and ends its holds.
         """
         now = time.monotonic()
         with self._lock:
@@ -137,6 +164,11 @@ class Watchdog:
                 hold.thread = thread
                 hold.label = label
                 hold.scripts_keys = scripts_keys
+                if kind is not None:
+                    hold.renew_script = kind.renew_script
+                    hold.renew_key = kind.renew_key
+                    hold.end_script = kind.end_script
+                    hold.end_args = kind.end_args
                 self._holds[k] = hold
                 self._lost.pop(k, None)
             hold.count += 1
@@ -305,29 +337,38 @@ class Watchdog:
                 h.valid_until = max(h.valid_until, sent + h.lease_ms / 1000.0)
 
     def _renew_on(self, client: Any, group: list[Hold]) -> tuple[list[int], bool]:
-        """RENEW every hold of one server (with WAIT behind, on a master with replicas).
-
-        Returns the per-hold results and whether the renewals reached a replica."""
+        """Renew every hold of one server in one pipeline (with WAIT behind, on a master with
+        replicas): a batched script per kind. Returns the per-hold results, in ``group``
+        order, and whether the renewals reached a replica."""
+        by_script: dict[str, list[Hold]] = {}
+        for h in group:
+            by_script.setdefault(h.renew_script.sha, []).append(h)
         calls = []
-        for i in range(0, len(group), RENEW_BATCH):
-            chunk = group[i:i + RENEW_BATCH]
-            args: list[Any] = []
-            for h in chunk:
-                args.append(h.owner)
-                args.append(int(h.period * 3000))
-            calls.append((tuple(h.key for h in chunk), tuple(args)))
+        order: list[Hold] = []
+        for holds in by_script.values():
+            for i in range(0, len(holds), RENEW_BATCH):
+                chunk = holds[i:i + RENEW_BATCH]
+                args: list[Any] = []
+                for h in chunk:
+                    args.append(h.owner)
+                    args.append(int(h.period * 3000))
+                calls.append((chunk[0].renew_script, tuple(h.renew_key for h in chunk),
+                              tuple(args)))
+                order.extend(chunk)
         replicas_now = _replicas(client, group[0].server)
         # Never wait on replicas longer than a third of the shortest period: the pipeline's
         # RENEW already ran, and the next sweep must not find this server still busy.
         wait_ms = max(1, min(1000, int(min(h.period for h in group) * 1000 / 3)))
         wait = (replicas_now, wait_ms) if replicas_now else None
         out: list[int] = []
-        replies = self._pipeline(client, RENEW_SCRIPT, calls, wait)
+        replies = self._pipeline(client, calls, wait)
         acked = replies.pop() if wait is not None else None
         for reply in replies:
             out.extend(int(x) for x in reply)
         self.renewed += len(out)
-        return out, wait is None or (isinstance(acked, int) and acked >= 1)
+        by_hold = {id(h): r for h, r in zip(order, out, strict=False)}
+        return [by_hold.get(id(h), 0) for h in group], wait is None or (
+            isinstance(acked, int) and acked >= 1)
 
     def _release_dead(self, holds: list[Hold]) -> None:
         """Release the holds of threads that ended holding them (one pipeline per server)."""
@@ -336,8 +377,8 @@ class Watchdog:
             by_server.setdefault(h.server, []).append(h)
         for group in by_server.values():
             try:
-                results = self._pipeline(group[0].client, FORCE_UNLOCK_OWNER_SCRIPT, [
-                    (h.scripts_keys, (h.owner, "0")) for h in group])
+                results = self._pipeline(group[0].client, [
+                    (h.end_script, h.scripts_keys, h.end_args) for h in group])
             except Exception as exc:  # they expire by their lease: they are no longer renewed
                 logger.warning("django-rlock: could not release %d lock(s) of ended threads "
                                "(%s: %s); they expire within their lease", len(group),
@@ -354,13 +395,14 @@ class Watchdog:
                     events.emit("released", name=h.name, key=h.key, label=h.label, owner=h.owner,
                                 held=time.monotonic() - h.since, reason="owner ended")
 
-    def _pipeline(self, client: Any, script: Any, calls: list[tuple[tuple[Any, ...], tuple[Any, ...]]],
+    def _pipeline(self, client: Any,
+                  calls: list[tuple[Script, tuple[Any, ...], tuple[Any, ...]]],
                   wait: tuple[int, int] | None = None) -> list[Any]:
-        """Run ``script`` once per (keys, args) in one pipeline, then ``WAIT`` if given (its
-        reply last); loads the script after a SCRIPT FLUSH."""
+        """Run each (script, keys, args) in one pipeline, then ``WAIT`` if given (its reply
+        last); loads the scripts after a SCRIPT FLUSH."""
         for attempt in (0, 1):
             pipe = client.pipeline(transaction=False)
-            for keys, args in calls:
+            for script, keys, args in calls:
                 pipe.evalsha(script.sha, len(keys), *keys, *args)
             if wait is not None:
                 pipe.execute_command("WAIT", *wait)
@@ -369,7 +411,8 @@ class Watchdog:
             except NoScriptError:
                 if attempt:
                     raise
-                client.script_load(script.source)
+                for script in {c[0].sha: c[0] for c in calls}.values():
+                    client.script_load(script.source)
             finally:
                 self.round_trips += 1
         return []

@@ -1,0 +1,144 @@
+"""The one wait loop every kind shares (threads and asyncio tasks).
+
+A kind supplies ``attempt(claim)``: one acquire round trip that returns ``None`` when it got
+what it wanted, else how long (ms) it may be worth waiting before the next try (the holder's
+PTTL, the nearest permit expiry; ``-1`` when nothing bounds it). The loop joins the channel's
+queue on the process's one subscription *before* its first retry, so a message that lands
+between a failed attempt and the park is never lost, and parks until woken, until that bound,
+or until the caller's budget runs out. Expiry publishes nothing: the bound is what finds it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from . import pubsub
+
+#: Longest a waiter waits for its SUBSCRIBE to be confirmed before relying on its bound alone.
+SUBSCRIBE_TIMEOUT = 7.5
+
+
+def park_timeout(ttl: int, deadline: float | None, recheck: float | None = None) -> float | None:
+    """Seconds to park after an attempt that returned ``ttl`` ms.
+
+    ``recheck`` caps a wait with nothing to bound it (no TTL): a kind whose state changes
+    without a message it could miss re-checks at least that often.
+    """
+    # Redis expires a key once its deadline has *passed*: PTTL 0 is still there.
+    timeout = (ttl + 1) / 1000.0 if ttl >= 0 else recheck
+    if deadline is not None:
+        left = deadline - time.monotonic()
+        timeout = left if timeout is None else min(timeout, left)
+    return None if timeout is None else min(timeout, threading.TIMEOUT_MAX)
+
+
+class Wait:
+    """What one wait is about: the channel and, for a hand-off, who waits."""
+
+    __slots__ = ("client", "channel", "key", "owner", "lease_ms", "on_grant", "info", "wakes",
+                 "recheck")
+
+    def __init__(self, client: Any, channel: bytes, key: str, *, owner: str = "",
+                 lease_ms: int = 0, on_grant: Callable[[], None] | None = None, info: str = "",
+                 wakes: pubsub.WakePolicy | None = None, recheck: float | None = None) -> None:
+        self.client = client  # the sync client whose server's subscription is used
+        self.channel = channel
+        self.key = key
+        self.owner = owner
+        self.lease_ms = lease_ms
+        self.on_grant = on_grant
+        self.info = info
+        self.wakes = wakes
+        self.recheck = recheck
+
+
+def wait(w: Wait, attempt: Callable[[bool], int | None], budget: float | None,
+         give_back: Callable[[], Any] | None = None, park_until: float = 0.0) -> bool:
+    """Wait for ``attempt`` to succeed within ``budget`` seconds (None: forever).
+
+    ``give_back`` undoes a hand-off that reached us as we gave up (RLock's only).
+    """
+    deadline = None if budget is None else time.monotonic() + budget
+    sub_timeout = SUBSCRIBE_TIMEOUT if budget is None else min(SUBSCRIBE_TIMEOUT, budget)
+    slot = pubsub.manager(w.client).enter(w.channel, w.owner, w.lease_ms, w.on_grant, None,
+                                          w.key, w.info, w.wakes)
+    acquired = False
+    try:
+        if not slot.confirmed.is_set():
+            # If the subscription cannot be confirmed in time the waits below are still
+            # bounded; we only lose the early wake-up.
+            slot.confirmed.wait(sub_timeout)
+        if park_until:
+            end = park_until if deadline is None else min(park_until, deadline)
+            acquired = slot.park(end - time.monotonic())
+        while not acquired:
+            if slot.begin_attempt():
+                acquired = True
+                break
+            ttl = attempt(True)
+            again = slot.attempted(ttl is None, ttl)
+            if ttl is None:
+                acquired = True
+            elif again:
+                continue
+            elif deadline is not None and time.monotonic() >= deadline:
+                break
+            else:
+                acquired = slot.park(park_timeout(ttl, deadline, w.recheck))
+        return acquired
+    finally:
+        if slot.leave() and not acquired and give_back is not None:
+            # Handed the lock just as we gave up (budget spent, or an exception): back.
+            try:
+                give_back()
+            except Exception:
+                pass
+
+
+async def await_(w: Wait, attempt: Callable[[bool], Awaitable[int | None]],
+                 budget: float | None, give_back: Callable[[], Awaitable[Any]] | None = None,
+                 park_until: float = 0.0) -> bool:
+    """``wait`` for an asyncio task: it parks on its own loop, never on a thread."""
+    deadline = None if budget is None else time.monotonic() + budget
+    sub_timeout = SUBSCRIBE_TIMEOUT if budget is None else min(SUBSCRIBE_TIMEOUT, budget)
+    mgr = pubsub.manager(w.client)
+    loop = asyncio.get_running_loop()
+    slot = mgr.enter(w.channel, w.owner, w.lease_ms, w.on_grant, loop, w.key, w.info, w.wakes)
+    acquired = False
+    try:
+        confirmed = mgr.confirmation(slot, loop)
+        if confirmed is not None:
+            try:
+                await asyncio.wait_for(confirmed, sub_timeout)
+            except TimeoutError:
+                pass
+        if park_until:
+            end = park_until if deadline is None else min(park_until, deadline)
+            acquired = await slot.apark(end - time.monotonic())
+        while not acquired:
+            if await slot.abegin_attempt():
+                acquired = True
+                break
+            ttl = await attempt(True)
+            again = slot.attempted(ttl is None, ttl)
+            if ttl is None:
+                acquired = True
+            elif again:
+                continue
+            elif deadline is not None and time.monotonic() >= deadline:
+                break
+            else:
+                acquired = await slot.apark(park_timeout(ttl, deadline, w.recheck))
+        return acquired
+    finally:
+        if await slot.aleave() and not acquired and give_back is not None:
+            # Handed the lock just as we gave up (budget spent, cancelled): give it back
+            # ourselves, now, as its owner.
+            try:
+                await give_back()
+            except Exception:
+                pass
