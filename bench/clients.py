@@ -27,6 +27,9 @@ RLOCK = "django-rlock"
 RLOCK_LEASE = "django-rlock (lease)"
 REDIS_PY = "redis-py Lock"
 PRL = "python-redis-lock"
+FAIR = "django-rlock FairLock"
+SEMAPHORE = "django-rlock Semaphore"
+PERMITS = "django-rlock PermitExpirableSemaphore"
 
 FLOOR_SCRIPT = "return 1"
 #: Lease/expire for every peer: far longer than any hold, so nothing expires mid-hold.
@@ -154,4 +157,40 @@ def make_adapter(lib: str, client: redis.Redis, name: str, wait_s: float | None 
             if not pl.acquire(blocking=True, timeout=timeout):
                 raise TimeoutError(f"{lib}: not acquired in {timeout}s")
         return Adapter(acquire_pl, pl.release)
+    if lib == FAIR:
+        from django_rlock.engine.fair import FairLock
+        fl = FairLock(client, name)
+
+        def acquire_fair() -> None:
+            if wait_s is None:
+                fl.lock()
+            elif not fl.try_lock(wait_time=wait_s):
+                raise TimeoutError(f"{lib}: not acquired in {wait_s}s")
+        return Adapter(acquire_fair, fl.unlock)
+    if lib == SEMAPHORE:
+        from django_rlock.engine.semaphore import Semaphore
+        sem = Semaphore(client, name)
+        sem.try_set_permits(1 if wait_s is not None else 1000)  # contended: a mutex
+
+        def acquire_sem() -> None:
+            if wait_s is None:
+                sem.acquire()
+            elif not sem.try_acquire(wait_time=wait_s):
+                raise TimeoutError(f"{lib}: not acquired in {wait_s}s")
+        return Adapter(acquire_sem, sem.release)
+    if lib == PERMITS:
+        from django_rlock.engine.semaphore import PermitExpirableSemaphore
+        pes = PermitExpirableSemaphore(client, name)
+        pes.try_set_permits(1 if wait_s is not None else 1000)
+        held: list[str] = []
+
+        def acquire_permit() -> None:
+            pid = pes.acquire() if wait_s is None else pes.try_acquire(wait_time=wait_s)
+            if pid is None:
+                raise TimeoutError(f"{lib}: not acquired in {wait_s}s")
+            held.append(pid)
+
+        def release_permit() -> None:
+            pes.release(held.pop())
+        return Adapter(acquire_permit, release_permit)
     raise ValueError(f"unknown library {lib!r}")

@@ -145,6 +145,9 @@ class RunResult:
     client: dict[str, int]
     server: dict[str, int]
     errors: list[str] = field(default_factory=list)
+    #: Share of grants that went to a contender who called after the previous grantee did:
+    #: an earlier caller was passed over (a fair lock should show almost none).
+    out_of_order: float = float("nan")
 
     @property
     def acq_per_s(self) -> float:
@@ -186,12 +189,14 @@ def analyze(lib: str, records: list[Record], start_ns: int, counter: int, client
         else:
             cross.append(g)
     waits = sorted((r[2] - r[1]) / 1e6 for r in recs)
+    inversions = sum(1 for prev, nxt in itertools.pairwise(recs) if nxt[1] < prev[1])
     end = max((r[3] for r in recs), default=start_ns)
     gaps.sort()
     cross.sort()
     return RunResult(lib, len(recs), (end - start_ns) / 1e9, gaps, cross, same, waits,
                      dict(Counter(r[0] for r in recs)), overlaps, counter,
-                     delta(client, {}, HANDSHAKE), server, errors)
+                     delta(client, {}, HANDSHAKE), server, errors,
+                     inversions / (len(recs) - 1) if len(recs) > 1 else float("nan"))
 
 
 def run_one(server: RedisServer, lib: str, procs: int, threads: int, duration_s: float,
