@@ -12,6 +12,7 @@ Built on ``engine.events``: no Django needed, and nothing on the hot path when n
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
@@ -44,14 +45,25 @@ class LockMetrics:
                               ["lock"], registry=registry, buckets=WAIT_BUCKETS)
         self.held = Histogram("django_rlock_held_seconds", "Time a lock was held until released.",
                               ["lock"], registry=registry, buckets=HELD_BUCKETS)
+        #: label -> (acquisitions, wait, held) children: ``.labels()`` costs more than the
+        #: increment itself, and these run on every acquire and release. Bounded like labels.
+        self._hot: dict[str, tuple[Any, Any, Any]] = {}
+
+    def _children(self, label: str) -> tuple[Any, Any, Any]:
+        hot = self._hot.get(label)
+        if hot is None:  # two threads may both get here: labels() gives both the same children
+            hot = self._hot[label] = (self.acquisitions.labels(label), self.wait.labels(label),
+                                      self.held.labels(label))
+        return hot
 
     def __call__(self, event: str, data: dict[str, Any]) -> None:
         label = data.get("label") or UNLABELLED
         if event == "acquired":
-            self.acquisitions.labels(label).inc()
-            self.wait.labels(label).observe(data["wait"])
+            acquisitions, wait, _ = self._children(label)
+            acquisitions.inc()
+            wait.observe(data["wait"])
         elif event == "released":
-            self.held.labels(label).observe(data["held"])
+            self._children(label)[2].observe(data["held"])
             if data.get("reason") == "owner ended":
                 self.owner_ended.labels(label).inc()
         elif event == "lost":
@@ -62,7 +74,10 @@ class LockMetrics:
             self.force_unlocks.labels(label).inc()
 
 
-_installed: dict[int, LockMetrics] = {}
+#: Every registry's metrics, made once: metric names can be registered only once per registry,
+#: so an uninstalled exporter keeps its metrics and a later install() resumes them. Weak keys:
+#: a registry dropped by its owner takes its metrics along.
+_metrics: weakref.WeakKeyDictionary[CollectorRegistry, LockMetrics] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 
 
@@ -73,17 +88,17 @@ def install(registry: CollectorRegistry | None = None) -> LockMetrics:
     """
     registry = REGISTRY if registry is None else registry
     with _lock:
-        metrics = _installed.get(id(registry))
+        metrics = _metrics.get(registry)
         if metrics is None:
-            metrics = _installed[id(registry)] = LockMetrics(registry)
-            events.add_listener(metrics)
+            metrics = _metrics[registry] = LockMetrics(registry)
+        events.add_listener(metrics)  # once only, however often installed
         return metrics
 
 
 def uninstall(registry: CollectorRegistry | None = None) -> None:
-    """Stop counting into ``registry`` (its metrics stay registered, frozen)."""
+    """Stop counting into ``registry``; its metrics stay registered, frozen, until install()."""
     registry = REGISTRY if registry is None else registry
     with _lock:
-        metrics = _installed.pop(id(registry), None)
+        metrics = _metrics.get(registry)
         if metrics is not None:
             events.remove_listener(metrics)

@@ -54,3 +54,22 @@ def test_metrics_follow_real_locks_with_bounded_labels(r, holders):
         pass
     assert value(registry, "django_rlock_acquisitions_total", lock="x:{i}") == 100
     assert metrics not in events.listeners
+
+
+def test_installed_again_the_same_metrics_resume(r):
+    registry = prometheus_client.CollectorRegistry()
+    first = prometheus.install(registry)
+    prometheus.uninstall(registry)
+    prometheus.uninstall(registry)  # harmless
+    try:
+        assert prometheus.install(registry) is first  # not registered twice (that would raise)
+        with RLock(r, "again", label="again"):
+            pass
+    finally:
+        prometheus.uninstall(registry)
+    assert value(registry, "django_rlock_acquisitions_total", lock="again") == 1
+    other = prometheus_client.CollectorRegistry()
+    try:
+        assert prometheus.install(other) is not first  # each registry has its own
+    finally:
+        prometheus.uninstall(other)
