@@ -12,15 +12,20 @@ engine event's (see ``django_rlock.engine.events``):
   ``locks clear`` command, or code calling ``force_unlock()``).
 
 Receivers run on the thread that caused the event (the watchdog's for ``lock_lost`` and for
-releases of ended owners); an exception in one is logged, never raised into the lock.
+releases of ended owners); an exception in one is logged, never raised into the lock. Async
+receivers work too: from an asyncio lock on its event loop, a signal that has one is sent by
+``asend_robust`` in a task on that loop, just after the event (Django then runs its sync
+receivers in a thread); elsewhere ``send_robust`` runs them through ``async_to_sync``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
 import logging
-from collections.abc import Iterator
+import weakref
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from django.dispatch import Signal
@@ -57,11 +62,55 @@ def force_unlocked_by(user: Any) -> Iterator[None]:
 def forward(event: str, data: dict[str, Any]) -> None:
     """The engine listener (installed by the app's ``ready()``): one event -> one signal."""
     signal = _SIGNALS.get(event)
-    if signal is None or not signal.has_listeners():
+    # Django's own fast path (Signal.send): a list truth test, where has_listeners() takes the
+    # signal's lock and walks its receivers on every acquire and release of every lock.
+    if signal is None or not signal.receivers:
         return
     if event == "force_unlocked":
         data = {**data, "user": _user.get()}
-    for receiver, result in signal.send_robust(sender=None, **data):
+    if _has_async_receiver(signal):
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is not None:
+            # An asyncio lock, on its event loop: send_robust would run the async receivers
+            # through async_to_sync, which refuses to run there; asend_robust in a task runs
+            # them on this loop (and the sync ones in a thread) right after.
+            # Chained: each send waits for the previous one on this loop, so receivers see
+            # the events in order (acquired before released) whatever the thread pool does.
+            task = loop.create_task(_asend(signal, event, data, _last.get(loop)))
+            _last[loop] = task
+            _tasks.add(task)
+            task.add_done_callback(_tasks.discard)
+            return
+    _log_failures(event, signal.send_robust(sender=None, **data))
+
+
+#: Sends under way on event loops: a task only weakly referenced by its loop could be collected.
+_tasks: set[asyncio.Task[None]] = set()
+
+
+def _has_async_receiver(signal: Signal) -> bool:
+    # Signal.receivers holds (lookup key, receiver, is_async) since Django 5.0; another layout
+    # reads as "none", which leaves send_robust (async receivers fail, logged, from a loop).
+    return any(len(entry) > 2 and entry[2] is True for entry in signal.receivers)
+
+
+#: The last send started on each loop (the next one waits for it).
+_last: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[None]] = (
+    weakref.WeakKeyDictionary())
+
+
+async def _asend(signal: Signal, event: str, data: dict[str, Any],
+                 previous: asyncio.Task[None] | None) -> None:
+    if previous is not None and not previous.done():
+        await asyncio.wait([previous])
+    _log_failures(event, await signal.asend_robust(sender=None, **data))
+
+
+def _log_failures(event: str, results: Iterable[tuple[Any, Any]]) -> None:
+    for receiver, result in results:
         if isinstance(result, Exception):
             logger.error("django-rlock: receiver %r of lock_%s failed: %r", receiver, event,
                          result, exc_info=result)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -44,24 +45,34 @@ def test_acquired_released_busy_with_name_key_and_label(received, hold):
     assert job(1) == "ran"
     hold(get_lock("sig:2"))
     assert job(2) is None
-    events = [(e, d["name"], d["label"]) for e, d in received]
-    assert ("acquired", "sig:1", "sig:{n}") in events
-    assert ("released", "sig:1", "sig:{n}") in events
-    assert ("busy", "sig:2", "sig:{n}") in events
-    [busy] = [d for e, d in received if e == "busy"]
-    assert busy["key"] == "demo:rlock:sig:2" and 29 < busy["ttl"] <= 30
+    got = [(e, d["name"], d["key"], d["label"]) for e, d in received]
+    assert got == [
+        ("acquired", "sig:1", "demo:rlock:sig:1", "sig:{n}"),
+        ("released", "sig:1", "demo:rlock:sig:1", "sig:{n}"),
+        ("acquired", "sig:2", "demo:rlock:sig:2", None),  # get_lock without label=
+        ("busy", "sig:2", "demo:rlock:sig:2", "sig:{n}"),
+    ]
+    acquired, released, _, busy = (d for _, d in received)
+    assert acquired["owner"] == released["owner"] and acquired["lease"] is None
+    assert 0 <= acquired["wait"] < 1 and released["held"] >= 0 and released["reason"] == "unlock"
+    assert 29 < busy["ttl"] <= 30
 
 
 def test_force_unlocked_names_the_user_or_none(received, hold, db1):
-    hold(get_lock("cleared"))
+    hold(get_lock("cleared", label="cleared"))
     call_command("locks", "clear", "cleared", interactive=False)
     hold(get_lock("by-admin"))
     with force_unlocked_by("alice"):
         assert get_lock("by-admin").force_unlock() is True
-    forced = {d["name"]: d["user"] for e, d in received if e == "force_unlocked"}
-    assert forced == {"cleared": None, "by-admin": "alice"}
-    lost = [d["name"] for e, d in received if e == "lost"]
-    assert sorted(lost) == ["by-admin", "cleared"]  # their holders in this process were told
+    assert get_lock("after").force_unlock() is False  # the block is over: no user any more
+    forced = {d["name"]: (d["user"], d["deleted"], d["key"]) for e, d in received
+              if e == "force_unlocked"}
+    assert forced == {"cleared": (None, True, "demo:rlock:cleared"),
+                      "by-admin": ("alice", True, "demo:rlock:by-admin"),
+                      "after": (None, False, "demo:rlock:after")}
+    lost = {d["name"]: (d["label"], d["how"]) for e, d in received if e == "lost"}
+    # Their holders in this process were told.
+    assert lost == {"cleared": ("cleared", "force-unlocked"), "by-admin": (None, "force-unlocked")}
 
 
 def test_a_raising_receiver_is_logged_and_the_lock_still_works(caplog):
@@ -77,3 +88,35 @@ def test_a_raising_receiver_is_logged_and_the_lock_still_works(caplog):
     finally:
         lock_acquired.disconnect(bad)
     assert any("lock_acquired" in rec.getMessage() for rec in caplog.records)
+    assert not lock.is_locked()
+
+
+def test_async_receivers_are_awaited_also_when_an_asyncio_lock_sends(received):
+    awaited: list[str] = []
+
+    async def areceiver(sender: Any, name: str, **kwargs: Any) -> None:
+        awaited.append(name)
+
+    @locked("asig:{n}")
+    async def job(n: int) -> int:
+        return n
+
+    lock_acquired.connect(areceiver, weak=False)
+    try:
+        async def main() -> None:
+            assert await job(1) == 1
+            for _ in range(1000):  # sent in a task on this loop, right after the event
+                if awaited and len(received) == 2:
+                    break
+                await asyncio.sleep(0.01)
+
+        asyncio.run(main())
+        # And from a thread without a loop (as the watchdog's), through async_to_sync.
+        with get_lock("sync-side"):
+            pass
+    finally:
+        lock_acquired.disconnect(areceiver)
+    assert awaited == ["asig:1", "sync-side"]
+    assert [(e, d["name"], d["label"]) for e, d in received] == [
+        ("acquired", "asig:1", "asig:{n}"), ("released", "asig:1", "asig:{n}"),
+        ("acquired", "sync-side", None), ("released", "sync-side", None)]
