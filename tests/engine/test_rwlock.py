@@ -1,0 +1,551 @@
+"""ReadWriteLock: Redisson's layout and RedissonReadWriteLockTest's behaviours, per-hold read
+expiry, renewal of one's own holds only, exclusion across processes, and the asyncio twin."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import redis.asyncio
+
+from django_rlock import LockNotOwnedError
+from django_rlock.engine import identity
+from django_rlock.engine.naming import index_key, prefix_name, suffix_name
+from django_rlock.engine.rwlock import (
+    AsyncReadLock,
+    AsyncReadWriteLock,
+    AsyncWriteLock,
+    ReadLock,
+    ReadWriteLock,
+    WriteLock,
+)
+from django_rlock.engine.watchdog import watchdog
+
+ROOT = Path(__file__).parents[2]
+
+
+def run_proc(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "tests.engine._rw_proc", *args], cwd=ROOT,
+                            stdout=subprocess.PIPE, text=True)
+
+
+def tkey(key: str, owner: str, k: int) -> str:
+    return suffix_name(key, f"{owner}:rwlock_timeout") + f":{k}"
+
+
+def wait_until(cond, limit: float, step: float = 0.01) -> float | None:
+    start = time.monotonic()
+    while time.monotonic() - start < limit:
+        if cond():
+            return time.monotonic() - start
+        time.sleep(step)
+    return None
+
+
+# -- layout ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["plain", "{test}:abc:key"])
+def test_layout_is_redissons(r, name):
+    rw = ReadWriteLock(r, name, prefix="p:")
+    read, write = rw.read_lock(), rw.write_lock()
+    assert isinstance(read, ReadLock) and isinstance(write, WriteLock)
+    key = "p:" + name
+    me = identity.thread_owner()
+    read.lock()
+    read.lock()
+    assert r.hgetall(key) == {b"mode": b"read", me.encode(): b"2"}
+    # One string per read hold, named by the brace rule (the Lua side builds the same names).
+    for k in (1, 2):
+        assert r.get(tkey(key, me, k)) == b"1" and 0 < r.pttl(tkey(key, me, k)) <= 30_000
+    entry = json.loads(r.hget(index_key("p:"), key).split(b" ", 1)[1])
+    assert entry["kind"] == "rw" and entry["owner"] == me
+    read.unlock()
+    assert not r.exists(tkey(key, me, 2)) and r.exists(tkey(key, me, 1))
+    write_channel = prefix_name("redisson_rwlock", key).encode()
+    assert read._channel == write._channel == write_channel
+    ps = r.pubsub()
+    ps.subscribe(write_channel)
+    assert ps.get_message(timeout=1)["type"] == "subscribe"
+    read.unlock()  # frees the lock: "0"
+    assert r.keys("*") == []
+    write.lock()
+    assert r.hgetall(key) == {b"mode": b"write", (me + ":write").encode(): b"1"}
+    assert json.loads(r.hget(index_key("p:"), key).split(b" ", 1)[1])["kind"] == "rw"
+    write.unlock()  # frees the lock: "1"
+    got = [ps.get_message(timeout=1)["data"] for _ in range(2)]
+    assert got == [b"0", b"1"]
+    assert r.keys("*") == []
+    ps.close()
+
+
+# -- Redisson's tests -----------------------------------------------------------------------
+def test_is_locked_and_write_then_read(r, holders):
+    """testReadLockIsLocked and testWR."""
+    rw = ReadWriteLock(r, "wr")
+    read, write = rw.read_lock(), rw.write_lock()
+    assert not read.is_locked() and not write.is_locked()
+    write.lock()
+    assert write.is_locked() and not read.is_locked()
+    assert read.try_lock()  # the writer may read (downgrade)
+    assert read.is_locked() and write.is_locked()
+    assert holders().call(lambda: (read.is_locked(), write.is_locked(),
+                                   read.is_held_by_current_thread())) == (True, True, False)
+    read.unlock()
+    assert write.is_locked() and not read.is_locked()
+    write.unlock()
+    assert not write.is_locked() and not read.is_locked() and not r.exists("wr")
+
+
+def test_write_then_read_reentrancy_and_no_upgrade(r, holders):
+    """testWriteReadReentrancy."""
+    rw = ReadWriteLock(r, "wrr")
+    read, write = rw.read_lock(), rw.write_lock()
+    other = holders()
+    write.lock()
+    assert read.try_lock()
+    assert other.call(lambda: read.try_lock()) is False
+    write.unlock()  # downgraded: a read lock now
+    assert r.hget("wrr", "mode") == b"read" and read.is_locked() and not write.is_locked()
+    assert write.try_lock() is False  # no upgrade from read to write
+    assert other.call(lambda: read.try_lock()) is True  # readers together
+    other.call(read.unlock)
+    t0 = time.monotonic()
+    assert write.try_lock(wait_time=0.4) is False  # still ours as a reader: it waits, and fails
+    assert time.monotonic() - t0 >= 0.35
+    read.unlock()
+    assert write.try_lock()
+    write.unlock()
+    assert not r.exists("wrr")
+
+
+def test_many_readers_waiting_on_a_writer_all_enter_together(r, holders):
+    """testWriteRead: every local waiter is woken by the write unlock, not one at a time.
+
+    The writer is in watchdog mode (30 s): a reader left asleep would wait on that PTTL.
+    """
+    rw = ReadWriteLock(r, "writeread")
+    write, read = rw.write_lock(), rw.read_lock()
+    write.lock()
+    inside = threading.Semaphore(0)
+    release = threading.Event()
+    entered: list[float] = []
+
+    def reader():
+        read.lock()
+        entered.append(time.monotonic())
+        inside.release()
+        release.wait(20)
+        read.unlock()
+
+    hs = [holders() for _ in range(8)]
+    results = [h.submit(reader) for h in hs]
+    wait_until(lambda: False, 0.5)  # let them queue
+    unlocked = time.monotonic()
+    write.unlock()
+    for _ in hs:
+        assert inside.acquire(timeout=5), "a reader was not woken"
+    assert max(entered) - unlocked < 2.0
+    assert read.is_locked() and int(r.hlen("writeread")) == 1 + 8  # all of them at once
+    release.set()
+    for res in results:
+        res(10)
+    assert not r.exists("writeread")
+
+
+def test_read_lease_expiry_is_per_hold(r, holders):
+    """testReadLockLeaseTimeoutDiffThreadsRRW: a reader gone by its lease no longer counts."""
+    rw = ReadWriteLock(r, "perhold")
+    read, write = rw.read_lock(), rw.write_lock()
+    a = holders()
+    a.call(lambda: read.lock(lease_time=0.6))   # never unlocked
+    read.lock(lease_time=5.0)
+    assert r.pttl("perhold") > 4000  # the hash lives as long as its longest hold
+    time.sleep(0.9)                              # a's hold has expired, its field has not
+    assert r.hexists("perhold", a.call(identity.thread_owner))
+    assert write.try_lock() is False
+    read.unlock()                                # nobody alive is left: deleted at once
+    assert not r.exists("perhold")
+    assert write.try_lock()
+    write.unlock()
+
+
+def test_reentrant_read_unlock_shortens_the_hash_to_the_longest_live_hold(r):
+    """testReadLockLeaseTimeout, scaled: lease 1.5 s; at 0.8 s a reentrant 1.5 s hold that is
+    released; the lock is then gone with the first hold (0.7 s later), not 1.5 s later."""
+    rw = ReadWriteLock(r, "reent")
+    read, write = rw.read_lock(), rw.write_lock()
+    t0 = time.monotonic()
+    read.lock(lease_time=1.5)
+    time.sleep(0.8)
+    read.lock(lease_time=1.5)
+    assert r.pttl("reent") > 1300
+    read.unlock()
+    assert r.pttl("reent") <= 1500 - 700
+    gone = wait_until(lambda: write.try_lock(), 3.0)
+    assert gone is not None and time.monotonic() - t0 < 2.0
+    write.unlock()
+
+
+def test_read_lock_expiration(r, holders):
+    """testReadLockExpiration, scaled: readers with leases 2 s and 0.8 s unlock in time; a
+    writer gets the lock when the last one unlocks."""
+    rw = ReadWriteLock(r, "readexp")
+    read, write = rw.read_lock(), rw.write_lock()
+    a, b = holders(), holders()
+    t0 = time.monotonic()
+
+    def reader(lease, hold):
+        read.lock(lease_time=lease)
+        time.sleep(hold)
+        read.unlock()
+
+    ra = a.submit(lambda: reader(2.0, 1.2))
+    rb = b.submit(lambda: reader(0.8, 0.5))
+    wait_until(lambda: r.hlen("readexp") == 3, 2)
+    assert write.try_lock(wait_time=5, lease_time=2)
+    elapsed = time.monotonic() - t0
+    assert 1.1 < elapsed < 2.0, elapsed
+    ra(), rb()
+    write.unlock()
+
+
+def test_force_unlock_each_side_leaves_the_other_mode_alone(r, holders):
+    """testForceUnlock: a read lock's force-unlock deletes read mode only, and the reverse."""
+    rw = ReadWriteLock(r, "force")
+    read, write = rw.read_lock(), rw.write_lock()
+    assert read.force_unlock() is False and write.force_unlock() is False  # nothing there
+    read.lock()
+    me = identity.thread_owner()
+    assert write.force_unlock() is False
+    assert read.is_locked() and not read.is_lost() and read.hold_count() == 1
+    assert read.force_unlock() is True
+    assert not read.is_locked() and r.keys("*") == [] and read.is_lost()
+    assert not r.exists(tkey("force", me, 1))
+    with pytest.raises(LockNotOwnedError):
+        read.unlock()
+    write.lock()
+    assert read.force_unlock() is False
+    assert write.is_locked() and not write.is_lost()
+    assert write.force_unlock() is True and not write.is_locked() and write.is_lost()
+    # Waiters wake at once (a waiting writer would otherwise sleep on the 30 s PTTL).
+    read.lock()
+    got = holders().submit(lambda: write.try_lock(wait_time=10))
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    assert read.force_unlock()
+    assert got(10) is True and time.monotonic() - t0 < 2.0
+    assert write.force_unlock()
+
+
+def test_write_reentry_sets_the_lease_rather_than_adding_it(r):
+    rw = ReadWriteLock(r, "wreent")
+    write = rw.write_lock()
+    write.lock(lease_time=2)
+    write.lock(lease_time=2)
+    assert 1500 < r.pttl("wreent") <= 2000  # Redisson would give PTTL + lease (about 4 s)
+    write.lock(lease_time=2)
+    assert r.pttl("wreent") <= 2000
+    write.unlock()
+    assert 1500 < r.pttl("wreent") <= 2000
+    assert write.hold_count() == 2
+    write.unlock()
+    write.unlock()
+    assert not r.exists("wreent")
+
+
+def test_a_writers_lease_never_cuts_its_own_longer_read_holds(r):
+    rw = ReadWriteLock(r, "wrlonger")
+    read, write = rw.read_lock(), rw.write_lock()
+    write.lock(lease_time=1)
+    read.lock(lease_time=5)
+    write.lock(lease_time=1)
+    assert r.pttl("wrlonger") > 4000
+    write.unlock()
+    write.unlock()  # downgraded: as long as the read hold
+    assert r.hget("wrlonger", "mode") == b"read" and r.pttl("wrlonger") > 4000
+    read.unlock()
+    assert not r.exists("wrlonger")
+
+
+def test_ttl_under_the_watchdog_for_read_and_write(r):
+    """testReadWriteTTL, scaled: watchdog 1.5 s (renewed every 0.5 s); over 2.5 s the hash and
+    the read hold's key keep their TTL; then the read hold alone keeps it."""
+    rw = ReadWriteLock(r, "ttl", watchdog_timeout=1.5)
+    read, write = rw.read_lock(), rw.write_lock()
+    me = identity.thread_owner()
+    write.lock()
+    read.lock()
+    for _ in range(5):
+        time.sleep(0.5)
+        assert r.pttl("ttl") > 700 and r.pttl(tkey("ttl", me, 1)) > 700
+    write.unlock()
+    for _ in range(4):
+        time.sleep(0.5)
+        assert r.pttl("ttl") > 700 and r.pttl(tkey("ttl", me, 1)) > 700
+    assert not read.is_lost()
+    read.unlock()
+    assert r.keys("*") == []
+
+
+def test_expire_read_and_expire_write(r, holders):
+    """testExpireRead / testExpireWrite, with 1 s leases."""
+    rw = ReadWriteLock(r, "exp")
+    read, write = rw.read_lock(), rw.write_lock()
+    a = holders()
+    a.call(lambda: read.lock(lease_time=1))
+    t0 = time.monotonic()
+    read.lock()  # readers together: no wait
+    assert time.monotonic() - t0 < 0.5
+    read.unlock()
+    a.call(read.unlock)  # in time: fine
+    a.call(lambda: write.lock(lease_time=1))
+    t0 = time.monotonic()
+    write.lock()
+    assert 0.7 < time.monotonic() - t0 < 2.5
+    with pytest.raises(LockNotOwnedError):
+        a.call(write.unlock)
+    write.unlock()
+    a.call(lambda: read.lock(lease_time=0.5))
+    time.sleep(0.7)
+    with pytest.raises(LockNotOwnedError):
+        a.call(read.unlock)
+    assert r.keys("*") == [index_key("").encode()]  # expiry leaves only a stale index entry
+
+
+def test_hold_counts(r):
+    """testHoldCount: 0, 1, 0, 2, 1, 0 for each side."""
+    rw = ReadWriteLock(r, "holds")
+    for lock in (rw.read_lock(), rw.write_lock()):
+        seen = [lock.hold_count()]
+        lock.lock()
+        seen.append(lock.hold_count())
+        lock.unlock()
+        seen.append(lock.hold_count())
+        lock.lock()
+        lock.lock()
+        seen.append(lock.hold_count())
+        lock.unlock()
+        seen.append(lock.hold_count())
+        lock.unlock()
+        seen.append(lock.hold_count())
+        assert seen == [0, 1, 0, 2, 1, 0]
+        assert not lock.is_held_by_current_thread()
+
+
+def test_unlock_by_a_non_owner_fails(r, holders):
+    """testUnlockFail: a read or write hold is released by its owner only."""
+    rw = ReadWriteLock(r, "nonowner")
+    read, write = rw.read_lock(), rw.write_lock()
+    a = holders()
+    a.call(read.lock)
+    with pytest.raises(LockNotOwnedError):
+        read.unlock()
+    with pytest.raises(LockNotOwnedError):
+        write.unlock()
+    assert r.hlen("nonowner") == 2
+    a.call(read.unlock)
+    a.call(write.lock)
+    with pytest.raises(LockNotOwnedError):
+        write.unlock()
+    with pytest.raises(LockNotOwnedError):
+        read.unlock()  # a reader field is not a writer's
+    assert a.call(write.hold_count) == 1
+    a.call(write.unlock)
+    assert not r.exists("nonowner")
+
+
+def test_a_reader_cannot_upgrade_and_a_writer_waits_for_readers(r, holders):
+    rw = ReadWriteLock(r, "upgrade")
+    read, write = rw.read_lock(), rw.write_lock()
+    read.lock()
+    assert write.try_lock(wait_time=0.3) is False  # Redisson: an upgrade waits (forever)
+    got = holders().submit(lambda: write.try_lock(wait_time=10))
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    read.unlock()  # publishes "0": the waiting writer enters at once
+    assert got(10) is True and time.monotonic() - t0 < 2.0
+    assert write.force_unlock()
+
+
+# -- renewal and dead owners ----------------------------------------------------------------
+def test_a_read_hold_whose_key_is_gone_is_lost(r):
+    """Its own timeout key gone (a pause past its lease, say) while another reader keeps the
+    hash alive: that reader's unlock would treat it as dead, so the holder is told now."""
+    lost: list[str] = []
+    rw = ReadWriteLock(r, "lostread", watchdog_timeout=1.5, on_lost=lost.append)
+    read = rw.read_lock()
+    other = holders_thread_read(ReadWriteLock(r, "lostread", watchdog_timeout=1.5))
+    read.lock()
+    r.delete(tkey("lostread", identity.thread_owner(), 1))
+    assert wait_until(read.is_lost, 2.0) is not None
+    assert lost == ["lostread"]
+    other.set()
+
+
+def holders_thread_read(rw: ReadWriteLock) -> threading.Event:
+    done = threading.Event()
+    ready = threading.Event()
+
+    def run():
+        rw.read_lock().lock()
+        ready.set()
+        done.wait(10)
+        rw.read_lock().unlock()
+
+    threading.Thread(target=run, daemon=True).start()
+    ready.wait(5)
+    return done
+
+
+def test_renewal_touches_only_its_own_owners_timeout_keys(r):
+    """#7098: a dead client's read hold (its field and a timeout key) is never renewed by a
+    live reader, so the live reader's unlock frees the lock at once."""
+    rw = ReadWriteLock(r, "zombie", watchdog_timeout=1.2)
+    read, write = rw.read_lock(), rw.write_lock()
+    read.lock()
+    r.hset("zombie", "dead-client:7", 1)  # a reader of another client that died
+    r.set(tkey("zombie", "dead-client:7", 1), 1, px=600)
+    time.sleep(1.6)  # several renewals of ours
+    assert not r.exists(tkey("zombie", "dead-client:7", 1))
+    assert r.pttl(tkey("zombie", identity.thread_owner(), 1)) > 400
+    read.unlock()
+    assert not r.exists("zombie")
+    assert write.try_lock()
+    write.unlock()
+
+
+def test_a_sigkilled_readers_hold_never_outlives_the_live_readers(r, redis_server):
+    """testMultiInstanceReadLockZombieCleanup across processes: A reads and is SIGKILLed; B
+    reads past A's watchdog timeout and unlocks; the writer gets the lock at once."""
+    proc = run_proc("hold_read", redis_server.socket, "zread", "1.0")
+    assert proc.stdout.readline().strip() == "locked"
+    rw = ReadWriteLock(r, "zread", watchdog_timeout=1.0)
+    read, write = rw.read_lock(), rw.write_lock()
+    read.lock()
+    time.sleep(1.2)  # both renewing
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    time.sleep(1.6)  # A's timeout key has run out; ours is renewed (so is the hash)
+    assert r.hlen("zread") == 3 and not write.try_lock()
+    read.unlock()
+    assert write.try_lock()
+    write.unlock()
+
+
+def test_a_sigkilled_readers_hold_blocks_a_writer_no_longer_than_its_watchdog_timeout(
+        r, redis_server):
+    proc = run_proc("hold_read", redis_server.socket, "zread2", "1.5")
+    assert proc.stdout.readline().strip() == "locked"
+    time.sleep(2.0)  # past its lease: renewed by its watchdog
+    assert r.exists("zread2")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed = time.monotonic()
+    write = ReadWriteLock(r, "zread2").write_lock()
+    assert write.try_lock(wait_time=10)
+    assert time.monotonic() - killed <= 1.5 + 0.7
+    write.unlock()
+
+
+def test_a_thread_that_ends_holding_a_read_lock_is_released(r):
+    rw = ReadWriteLock(r, "deadread", watchdog_timeout=1.5)
+    other = rw.read_lock()
+    t = threading.Thread(target=other.lock, name="doomed-reader")
+    t.start()
+    t.join()
+    hold = [h for _, h in watchdog().holds_of(*_server_key(rw, "deadread"))][0]
+    assert hold.end_args[0] == hold.owner and hold.renew_key == "deadread"
+    freed = wait_until(lambda: not r.exists("deadread"), 3.0)
+    assert freed is not None and freed < 1.4  # a period (0.5 s) and a tick, not its lease
+    assert r.keys("*") == []
+
+
+def _server_key(rw: ReadWriteLock, key: str):
+    return rw.read_lock()._server, key
+
+
+# -- exclusion across processes ---------------------------------------------------------------
+def test_readers_together_writers_alone_across_4_processes_x_2_threads(r, redis_server):
+    t0 = time.monotonic()
+    procs = [run_proc("mix", redis_server.socket, "mixrw", "2", "40", str(i)) for i in range(4)]
+    for p in procs:
+        out, _ = p.communicate(timeout=120)
+        assert p.returncode == 0 and "done" in out
+    elapsed = time.monotonic() - t0
+    assert int(r.get("rw:bad") or 0) == 0
+    assert int(r.get("rw:maxread") or 0) >= 2  # readers did overlap
+    assert int(r.get("rw:readers")) == 0 and int(r.get("rw:writers")) == 0
+    assert not r.exists("mixrw") and r.hlen(index_key("")) == 0
+    assert elapsed < 60, elapsed
+
+
+# -- asyncio --------------------------------------------------------------------------------
+@pytest.fixture
+def ar(redis_server, r):
+    return redis.asyncio.Redis(unix_socket_path=redis_server.socket)
+
+
+def test_asyncio_readers_together_writer_alone_per_task(ar, r):
+    async def main():
+        rw = AsyncReadWriteLock(ar, "arw")
+        read, write = rw.read_lock(), rw.write_lock()
+        assert isinstance(read, AsyncReadLock) and isinstance(write, AsyncWriteLock)
+        assert read._sync_client is write._sync_client
+        go = asyncio.Event()
+        inside: list[str] = []
+
+        async def reader(tag):
+            async with read:
+                inside.append(tag)
+                await go.wait()
+            return tag
+
+        readers = [asyncio.create_task(reader(i)) for i in range(3)]
+        while len(inside) < 3:
+            await asyncio.sleep(0.01)
+        assert r.hlen("arw") == 4  # three task owners and the mode
+        assert await read.is_locked() and not await write.is_locked()
+        assert await write.try_lock() is False  # this task is not a reader, but they are
+        released_at: list[float] = []
+
+        async def let_go():
+            await asyncio.sleep(0.3)
+            released_at.append(time.monotonic())
+            go.set()
+
+        opener = asyncio.create_task(let_go())
+        assert await write.try_lock(wait_time=10) is True  # this task waits for the readers
+        assert time.monotonic() - released_at[0] < 2
+        await opener
+        assert sorted(await asyncio.gather(*readers)) == [0, 1, 2]
+        assert await write.is_locked() and await write.hold_count() == 1
+        assert await read.try_lock()  # downgrade in the same task
+        await write.unlock()
+        assert r.hget("arw", "mode") == b"read"
+
+        async def other_writer():
+            return await write.try_lock(wait_time=0.2)
+
+        assert await asyncio.create_task(other_writer()) is False
+        await read.unlock()
+        assert not r.exists("arw")
+
+        # A task that ends holding a read lock is released (the read kind's end script).
+        async def leaves_it():
+            await read.lock()
+
+        await asyncio.create_task(leaves_it())
+        for _ in range(200):
+            if not r.exists("arw"):
+                break
+            await asyncio.sleep(0.01)
+        assert not r.exists("arw") and r.keys("*") == []
+        await ar.aclose()
+
+    asyncio.run(main())
