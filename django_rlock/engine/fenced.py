@@ -1,0 +1,215 @@
+"""FencedLock: Redisson's ``RFencedLock``, an RLock whose every acquire yields a fencing token.
+
+The lock is RLock's hash (same field, lease, renewal, release); next to it lives the counter
+``redisson_lock_token:{<key>}`` (INCR, no TTL), raised by the acquire script on *every*
+acquire by anyone, reentrant ones included. A token is therefore unique and larger than any
+token handed out before it, so storage that remembers the largest token it has seen can refuse
+a holder that paused past its lease (Kleppmann's GC-pause case): see ``django_rlock.fencing``.
+
+Where Redisson is odd, this port decides (and says so in the docstrings):
+``lock_and_get_token(lease_time)`` honours the lease (Redisson ignores it);
+``try_lock_and_get_token(0)`` is one attempt and returns None when not acquired (Redisson's
+no-argument form waits forever); a holder whose key has no TTL (PTTL -1) is a holder, not a
+grant (Redisson reads that -1 as "acquired").
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from contextvars import ContextVar
+from typing import Any
+
+from . import identity
+from .aio import AsyncRLock
+from .lock import RLock
+from .naming import TOKEN_PREFIX, prefix_name
+from .scripts import _STAMP, Script
+
+logger = logging.getLogger("django_rlock")
+
+# KEYS[1] lock hash, KEYS[2] index, KEYS[3] token counter; ARGV[1] lease ms, ARGV[2] owner
+# field, ARGV[3] holder info, ARGV[4] "claim" (sent by waiters; with no hand-off there is
+# nothing to claim, so it changes nothing).
+# Reply: {-1, token} = acquired (new or reentrant; the counter rose by one);
+# {pttl, -1} = held by another (pttl -1: its key has no expiry).
+FENCED_ACQUIRE = """
+local fresh = redis.call('exists', KEYS[1]) == 0
+if fresh or redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
+  local token = redis.call('incr', KEYS[3])
+  redis.call('hincrby', KEYS[1], ARGV[2], 1)
+  redis.call('pexpire', KEYS[1], ARGV[1])
+  if fresh then
+    """ + _STAMP + """
+    redis.call('hset', KEYS[2], KEYS[1], stamp .. ' ' .. ARGV[3])
+  end
+  return {-1, token}
+end
+return {redis.call('pttl', KEYS[1]), -1}
+"""
+
+FENCED_ACQUIRE_SCRIPT = Script(FENCED_ACQUIRE)
+
+#: Where the winning attempt of the current call leaves its token. A box (list) set by the
+#: caller for one acquire call: threads each have their own context, and asyncio copies the
+#: context (and so the same box) into the task that sends the round trip, so one lock object
+#: shared by many threads or tasks never hands one caller another's token.
+_token_box: ContextVar[list[int] | None] = ContextVar("django_rlock_fenced_token", default=None)
+
+
+def _granted_without_script(name: str, deadline: float | None) -> float | None:
+    """The wait loop said "acquired" but no fenced acquire ran: an ``RLock`` of the same name
+    in this process released and handed the lock to this waiter as if it were one of its own
+    (``pubsub.reserve`` does not tell a kind's waiter from an RLock's). That hand-off wrote an
+    empty owner with a 0 ms lease, so Redis deleted the key: nothing is held. Try again with
+    what is left of the budget (the wait budget left, or None: no limit)."""
+    logger.debug("django-rlock: fenced lock %r was handed over by an RLock release; retrying",
+                 name)
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
+def _with_kind(info: str) -> str:
+    return info[:-1] + ',"kind":"fenced"}'
+
+
+class _Fenced:
+    """What FencedLock and AsyncFencedLock share: the script, its keys and its reply."""
+
+    _ACQUIRE = FENCED_ACQUIRE_SCRIPT
+    # Only RLock's release script can grant a lock to a waiter, and a grant would skip the
+    # token: every acquisition goes through FENCED_ACQUIRE.
+    _HANDOFF = False
+
+    key: str
+    _index: str
+    _acquire_keys: tuple[Any, ...]
+
+    def _fence(self) -> None:
+        #: The token counter (Redisson's name; the brace rule keeps it in the lock's slot).
+        self.token_key = prefix_name(TOKEN_PREFIX, self.key)
+        self._acquire_keys = (self.key, self._index, self.token_key)
+
+    def _ttl_of(self, reply: Any) -> int | None:
+        ttl, token = int(reply[0]), int(reply[1])
+        if token == -1:  # not acquired; ttl -1 is a holder without expiry, not a grant
+            return ttl
+        box = _token_box.get()
+        if box is not None:
+            box.append(token)
+        return None
+
+
+class FencedLock(_Fenced, RLock):
+    """A reentrant lock (the ``RLock`` API) whose acquires hand out fencing tokens.
+
+    Every acquire, reentrant or not, plain ``lock()``/``try_lock()`` included, raises the
+    counter: tokens grow strictly in acquisition order across threads, processes and hosts.
+    Pass the token to the storage you write (``django_rlock.fencing.fenced_update``), which
+    refuses writes older than the newest it has seen.
+    """
+
+    def __init__(self, client: Any, name: str, prefix: str = "", watchdog_timeout: float = 30.0,
+                 **kwargs: Any) -> None:
+        super().__init__(client, name, prefix, watchdog_timeout, **kwargs)
+        self._fence()
+
+    def _info(self, owner: str) -> str:
+        return _with_kind(identity.thread_info(owner))
+
+    def lock_and_get_token(self, lease_time: float | None = None) -> int:
+        """Block until acquired; return this acquire's token.
+
+        ``lease_time`` in seconds is honoured (Redisson's ``lockAndGetToken(lease)`` drops
+        it); ``None``: watchdog mode. A reentrant call also gets a new, larger token.
+        """
+        return self._take(None, self._lease_ms(lease_time))  # type: ignore[return-value]
+
+    def try_lock_and_get_token(self, wait_time: float = 0.0,
+                               lease_time: float | None = None) -> int | None:
+        """Try for up to ``wait_time`` seconds; the token, or None if not acquired.
+
+        ``wait_time=0`` (the default) is exactly one attempt: Redisson's no-argument form
+        waits forever instead, although its docs promise null when the lock is taken.
+        """
+        wait = self._wait_budget(wait_time)
+        return self._take(wait, self._lease_ms(lease_time))
+
+    def _acquire(self, wait: float | None, lease_ms: int | None) -> bool:
+        return self._take(wait, lease_ms) is not None
+
+    def _take(self, wait: float | None, lease_ms: int | None) -> int | None:
+        """Every acquisition path (lock, try_lock, acquire, with): the token, or None."""
+        deadline = None if wait is None else time.monotonic() + wait
+        while True:
+            box: list[int] = []
+            reset = _token_box.set(box)
+            try:
+                got = super()._acquire(wait, lease_ms)
+            finally:
+                _token_box.reset(reset)
+            if not got:
+                return None
+            if box:
+                return box[-1]
+            wait = _granted_without_script(self.name, deadline)
+
+    def get_token(self) -> int | None:
+        """The last token handed out for this lock, by anyone (None: never acquired).
+
+        Not necessarily the caller's: use the token ``*_and_get_token`` returned for fencing.
+        """
+        value = self._client.get(self.token_key)
+        return None if value is None else int(value)
+
+    def __enter__(self) -> FencedLock:
+        self.lock()
+        return self
+
+
+class AsyncFencedLock(_Fenced, AsyncRLock):
+    """``FencedLock`` for asyncio: the ``AsyncRLock`` API (task-owned) plus the tokens."""
+
+    def __init__(self, client: Any, name: str, prefix: str = "", watchdog_timeout: float = 30.0,
+                 **kwargs: Any) -> None:
+        super().__init__(client, name, prefix, watchdog_timeout, **kwargs)
+        self._fence()
+
+    def _info(self, owner: str) -> str:
+        return _with_kind(identity.task_info(owner))
+
+    async def lock_and_get_token(self, lease_time: float | None = None) -> int:
+        """Wait until acquired; return this acquire's token (see ``FencedLock``)."""
+        return await self._take(None, self._lease_ms(lease_time))  # type: ignore[return-value]
+
+    async def try_lock_and_get_token(self, wait_time: float = 0.0,
+                                     lease_time: float | None = None) -> int | None:
+        """Try for up to ``wait_time`` seconds (0: one attempt); the token or None."""
+        wait = self._wait_budget(wait_time)
+        return await self._take(wait, self._lease_ms(lease_time))
+
+    async def _acquire(self, wait: float | None, lease_ms: int | None) -> bool:
+        return await self._take(wait, lease_ms) is not None
+
+    async def _take(self, wait: float | None, lease_ms: int | None) -> int | None:
+        deadline = None if wait is None else time.monotonic() + wait
+        while True:
+            box: list[int] = []
+            reset = _token_box.set(box)
+            try:
+                got = await super()._acquire(wait, lease_ms)
+            finally:
+                _token_box.reset(reset)
+            if not got:
+                return None
+            if box:
+                return box[-1]
+            wait = _granted_without_script(self.name, deadline)
+
+    async def get_token(self) -> int | None:
+        """The last token handed out for this lock, by anyone (None: never acquired)."""
+        value = await self._client.get(self.token_key)
+        return None if value is None else int(value)
+
+    async def __aenter__(self) -> AsyncFencedLock:
+        await self.lock()
+        return self
