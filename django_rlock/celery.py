@@ -39,7 +39,14 @@ from celery.signals import task_postrun, task_revoked
 from celery.utils import uuid
 
 from . import transaction
-from .decorators import TaskHooks, bound_arguments, hold_for_call, register_task_hooks, turned_away
+from .decorators import (
+    TaskHooks,
+    bound_arguments,
+    call_args,
+    hold_for_call,
+    register_task_hooks,
+    turned_away,
+)
 from .engine import LockBusy, identity
 from .engine.naming import index_key
 from .engine.scripts import MARK_CLAIM_SCRIPT, MARK_RELEASE_SCRIPT, call, call_once
@@ -219,7 +226,7 @@ def run_task(spec: Any, wrapper: Callable[..., Any], func: Callable[..., Any], n
         lock = spec.sync_lock(name)
         if not lock.try_lock(spec.wait, spec.lease):
             busy = turned_away(spec, lock, lock.remaining_ttl())
-            if (task.request.delivery_info or {}).get("redelivered"):
+            if spec.drop_redelivered and (task.request.delivery_info or {}).get("redelivered"):
                 # The broker redelivered a message whose first delivery still runs
                 # (visibility timeout shorter than the task): drop this copy quietly.
                 logger.info("django-rlock: %s[%s] redelivered while lock %r is held: ignored",
@@ -228,7 +235,7 @@ def run_task(spec: Any, wrapper: Callable[..., Any], func: Callable[..., Any], n
             return on_busy(busy)
         hold = hold_for_call(spec, lock, func)
         try:
-            return func(*args, **kwargs)
+            return func(*args, **call_args(lock, func, kwargs))
         finally:
             hold.done()
     except Retry:

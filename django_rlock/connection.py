@@ -89,20 +89,130 @@ def get_prefix(cache: str | None = None) -> str:
     return f"{key_prefix}:rlock:" if key_prefix else "rlock:"
 
 
+#: The lock kinds ``get_lock`` and ``@locked`` build: None is Redisson's RLock.
+KINDS: tuple[str | None, ...] = (None, "fair", "read", "write", "fenced")
+
+
+def check_kind(kind: Any, name: str) -> str | None:
+    """``kind`` if it is one of ``KINDS``; ValueError naming the lock, before any Redis command."""
+    if kind is not None and (not isinstance(kind, str) or kind not in KINDS):
+        raise ValueError(f"kind must be None, 'fair', 'read', 'write' or 'fenced', not {kind!r} "
+                         f"(lock {name!r})")
+    return kind
+
+
+def lock_of_kind(kind: str | None, client: Any, name: str, prefix: str,
+                 **options: Any) -> Any:
+    """A lock with the ``RLock`` API of one kind (see ``KINDS``) on a redis-py client.
+
+    ``options``: what the constructors share (``watchdog_timeout``, ``label``, ``on_lost``,
+    ``sync_replicas``, ``sync_timeout``). The kinds' modules are imported on first use.
+    """
+    check_kind(kind, name)
+    if kind is None:
+        return RLock(client, name, prefix, **options)
+    if kind == "fair":
+        from .engine.fair import FairLock
+
+        return FairLock(client, name, prefix, **options)
+    if kind == "fenced":
+        from .engine.fenced import FencedLock
+
+        return FencedLock(client, name, prefix, **options)
+    from .engine.rwlock import ReadWriteLock
+
+    rw = ReadWriteLock(client, name, prefix, **options)
+    return rw.read_lock() if kind == "read" else rw.write_lock()
+
+
+def async_lock_of_kind(kind: str | None, client: Any, name: str, prefix: str,
+                       **options: Any) -> Any:
+    """``lock_of_kind`` for asyncio: ``client`` is a ``redis.asyncio`` client; ``options`` may
+    carry ``sync_client`` (the sync twin that renews and waits)."""
+    check_kind(kind, name)
+    if kind is None:
+        from .engine import AsyncRLock
+
+        return AsyncRLock(client, name, prefix, **options)
+    if kind == "fair":
+        from .engine.fair import AsyncFairLock
+
+        return AsyncFairLock(client, name, prefix, **options)
+    if kind == "fenced":
+        from .engine.fenced import AsyncFencedLock
+
+        return AsyncFencedLock(client, name, prefix, **options)
+    from .engine.rwlock import AsyncReadWriteLock
+
+    rw = AsyncReadWriteLock(client, name, prefix, **options)
+    return rw.read_lock() if kind == "read" else rw.write_lock()
+
+
 def get_lock(name: str, *, cache: str | Sequence[str] | None = None, label: str | None = None,
-             quorum: bool = False) -> Any:
-    """An ``RLock`` on the cache's Redis connection, with the configured prefix, watchdog and
+             quorum: bool = False, kind: str | None = None) -> Any:
+    """A lock on the cache's Redis connection, with the configured prefix, watchdog and
     replica sync. ``label``: what events and metrics call it (a template, never the name).
 
+    ``kind``: None (an ``RLock``), ``"fair"`` (``FairLock``), ``"read"`` / ``"write"`` (the
+    ``read_lock()`` / ``write_lock()`` of the ``ReadWriteLock`` of that name) or ``"fenced"``
+    (``FencedLock``). Every kind has the ``RLock`` API.
+
     ``cache=["a", "b", "c"]``: a ``MultiLock`` over those aliases' servers (each with its own
-    prefix), or with ``quorum=True`` a ``RedLock`` (a majority of them).
+    prefix), or with ``quorum=True`` a ``RedLock`` (a majority of them); only of RLocks.
     """
+    check_kind(kind, name)
     if isinstance(cache, (list, tuple)):
+        if kind is not None:
+            raise ValueError(f"kind={kind!r} cannot span several caches: a MultiLock/RedLock "
+                             f"is made of plain RLocks (lock {name!r})")
         return multi_lock([RLock(get_client(a), name, prefix=get_prefix(a), label=label,
                                  **lock_options()) for a in cache_aliases(cache)], quorum)
     if quorum:
         raise ValueError(f"quorum=True needs a list of cache aliases (lock {name!r})")
-    return RLock(get_client(cache), name, prefix=get_prefix(cache), label=label, **lock_options())
+    return lock_of_kind(kind, get_client(cache), name, get_prefix(cache), label=label,
+                        **lock_options())
+
+
+def get_semaphore(name: str, permits: int | None = None, *, cache: str | None = None) -> Any:
+    """A ``PermitExpirableSemaphore`` on the cache's Redis connection (prefix and watchdog
+    timeout from the settings): permits taken without a lease are renewed while their holder
+    lives and come back within ``WATCHDOG_TIMEOUT`` after a crash.
+
+    ``permits``: set the number of permits if the semaphore has none yet (``try_set_permits``,
+    one command now); an existing semaphore keeps its own count. None: leave it alone.
+    """
+    from .engine.lock import check_name
+
+    check_name(name)
+    if permits is not None:
+        check_permits(permits, name)
+    from .engine.semaphore import PermitExpirableSemaphore
+
+    sem = PermitExpirableSemaphore(get_client(cache), name, get_prefix(cache),
+                                   watchdog_timeout=lock_options()["watchdog_timeout"])
+    if permits is not None:
+        sem.try_set_permits(permits)
+    return sem
+
+
+def check_permits(permits: Any, name: str) -> int:
+    """A number of permits: an int >= 1 (TypeError/ValueError naming the semaphore)."""
+    if isinstance(permits, bool) or not isinstance(permits, int):
+        raise TypeError(f"permits must be an int, not {type(permits).__name__} "
+                        f"(semaphore {name!r})")
+    if permits < 1:
+        raise ValueError(f"permits must be >= 1, got {permits!r} (semaphore {name!r})")
+    return permits
+
+
+def get_latch(name: str, *, cache: str | None = None) -> Any:
+    """A ``CountDownLatch`` on the cache's Redis connection, at the configured prefix."""
+    from .engine.lock import check_name
+
+    check_name(name)
+    from .engine.latch import CountDownLatch
+
+    return CountDownLatch(get_client(cache), name, get_prefix(cache))
 
 
 def cache_aliases(caches_: Sequence[str]) -> list[str]:

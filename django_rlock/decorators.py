@@ -48,10 +48,16 @@ def _template_fields(template: str) -> list[str]:
 class LockSpec:
     """A parsed ``@locked(...)``: built once per decorator, shared by every call."""
 
+    #: The decorator's name, for error messages.
+    decorator = "@locked"
+    #: A redelivered task message that finds the lock busy is a copy of the run holding it
+    #: (broker visibility timeout shorter than the task): dropped. Not so for a semaphore.
+    drop_redelivered = True
+
     def __init__(self, template: str | Callable[..., str], wait: float, lease: float | None,
                  on_busy: str | Callable[..., Any] | None, cache: str | Sequence[str] | None, client: Any,
                  prefix: str | None, status: int | None, dedupe: bool,
-                 until_commit: bool = True, quorum: bool = False) -> None:
+                 until_commit: bool = True, quorum: bool = False, kind: str | None = None) -> None:
         if isinstance(template, str):
             if not template:
                 raise ValueError("lock template must not be empty")
@@ -61,6 +67,9 @@ class LockSpec:
         else:
             raise TypeError(f"lock template must be a str or a callable, not {type(template).__name__}")
         label = template if isinstance(template, str) else getattr(template, "__name__", "callable")
+        from .connection import check_kind
+
+        self.kind = check_kind(kind, str(label))
         self.wait = check_seconds(wait, "wait", str(label), zero_ok=True)
         self.lease = None if lease is None else check_seconds(lease, "lease", str(label), zero_ok=False)
         if not (on_busy is None or callable(on_busy) or on_busy in ON_BUSY):
@@ -81,6 +90,9 @@ class LockSpec:
                                  f"not {cache!r} (lock {label!r})")
             if client is not None:
                 raise ValueError(f"give client= or a list of caches, not both (lock {label!r})")
+            if kind is not None:
+                raise ValueError(f"kind={kind!r} cannot span several caches: a MultiLock/RedLock "
+                                 f"is made of plain RLocks (lock {label!r})")
         elif quorum:
             raise ValueError(f"quorum=True needs cache=[...] with several aliases (lock {label!r})")
         self.cache = cache
@@ -138,17 +150,23 @@ class LockSpec:
         return lock_options()
 
     def sync_lock(self, name: str) -> Any:
-        """An ``RLock``, or a ``MultiLock``/``RedLock`` over a list of caches."""
+        """A lock of ``kind`` (default an ``RLock``), or a ``MultiLock``/``RedLock`` over a
+        list of caches. A fenced lock comes wrapped so the call can get its token."""
+        from .connection import lock_of_kind
+
         if isinstance(self.cache, (list, tuple)):
             from .connection import get_client, get_prefix, multi_lock
 
             return multi_lock([RLock(get_client(a), name, get_prefix(a), label=self.label,
                                      **self._options()) for a in self.cache], self.quorum)
         client, prefix, _ = self._where()
-        return RLock(client, name, prefix, label=self.label, **self._options())
+        lock = lock_of_kind(self.kind, client, name, prefix, label=self.label, **self._options())
+        return FencedCall(lock) if self.kind == "fenced" else lock
 
     def async_lock(self, name: str) -> Any:
-        """An ``AsyncRLock``, or an ``AsyncMultiLock``/``AsyncRedLock`` over a list of caches."""
+        """The asyncio twin of ``sync_lock``'s lock (``AsyncRLock``, ``AsyncFairLock``, ...),
+        or an ``AsyncMultiLock``/``AsyncRedLock`` over a list of caches."""
+        from .connection import async_lock_of_kind
         from .engine.clients import async_twin
 
         options = self._options()
@@ -161,11 +179,31 @@ class LockSpec:
                        for a in self.cache]
             return AsyncRedLock(*members) if self.quorum else AsyncMultiLock(*members)
         client, prefix, _ = self._where()
-        if hasattr(client, "connection_pool") and inspect.iscoroutinefunction(
-                getattr(client, "execute_command", None)):
-            return AsyncRLock(client, name, prefix, label=self.label, **options)
-        return AsyncRLock(async_twin(client), name, prefix, sync_client=client, label=self.label,
-                          **options)
+        if not is_async_client(client):
+            options["sync_client"] = client
+            client = async_twin(client)
+        lock = async_lock_of_kind(self.kind, client, name, prefix, label=self.label, **options)
+        return AsyncFencedCall(lock) if self.kind == "fenced" else lock
+
+    def check_function(self, func: Callable[..., Any], sig: inspect.Signature) -> None:
+        """What a decorated function must look like beyond the template's fields."""
+        param = sig.parameters.get(FENCE_TOKEN)
+        if self.kind == "fenced" and param is not None and (
+                param.default is param.empty or param.kind is param.POSITIONAL_ONLY):
+            raise ValueError(
+                f"{func.__qualname__}() takes {FENCE_TOKEN!r} from {self.decorator}(kind="
+                f"'fenced'): give it a default ({FENCE_TOKEN}: int | None = None) so callers "
+                f"can leave it out")
+
+    def busy_text(self, name: str, ttl: float | None) -> str:
+        """The message of the ``LockBusy`` of a call turned away."""
+        return (f"lock {name!r} is busy (held by someone else"
+                f"{'' if ttl is None else f', {ttl:.3f} s left'}); gave up after "
+                f"{self.wait:g} s")
+
+    def busy_body(self, busy: LockBusy) -> str:
+        """The body of a busy view's response."""
+        return f"Locked: {busy.name} is busy, try again later.\n"
 
     def busy_status(self) -> int:
         if self.status is not None:
@@ -173,6 +211,57 @@ class LockSpec:
         from .conf import get_config
 
         return int(get_config()["BUSY_STATUS"])
+
+
+def is_async_client(client: Any) -> bool:
+    return hasattr(client, "connection_pool") and inspect.iscoroutinefunction(
+        getattr(client, "execute_command", None))
+
+
+# -- fenced locks ---------------------------------------------------------------------------------
+#: The keyword a ``@locked(kind="fenced")`` function receives its fencing token in, if it
+#: has a parameter of that name.
+FENCE_TOKEN = "fence_token"
+
+
+class FencedCall:
+    """A ``FencedLock`` taken for one decorated call: ``try_lock`` keeps this acquire's token
+    (``fence_token``); everything else is the lock's."""
+
+    def __init__(self, lock: Any) -> None:
+        self._lock = lock
+        self.fence_token: int | None = None
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._lock, attr)
+
+    def try_lock(self, wait_time: float = 0.0, lease_time: float | None = None) -> bool:
+        self.fence_token = self._lock.try_lock_and_get_token(wait_time, lease_time)
+        return self.fence_token is not None
+
+
+class AsyncFencedCall(FencedCall):
+    """``FencedCall`` for an ``AsyncFencedLock``."""
+
+    async def try_lock(self, wait_time: float = 0.0,  # type: ignore[override]
+                       lease_time: float | None = None) -> bool:
+        self.fence_token = await self._lock.try_lock_and_get_token(wait_time, lease_time)
+        return self.fence_token is not None
+
+
+def call_args(lock: Any, func: Callable[..., Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments of the call made while holding ``lock``: plus ``fence_token``
+    when the lock is fenced and ``func`` takes it (the decorator supplies it, overriding any
+    value the caller passed)."""
+    token = getattr(lock, "fence_token", None)
+    if token is None:
+        return kwargs
+    try:
+        takes = FENCE_TOKEN in inspect.signature(
+            func, follow_wrapped=not isinstance(func, functools.partial)).parameters
+    except (TypeError, ValueError):  # pragma: no cover - builtins without a signature
+        takes = False
+    return {**kwargs, FENCE_TOKEN: token} if takes else kwargs
 
 
 def bound_arguments(sig: inspect.Signature, args: tuple[Any, ...],
@@ -237,13 +326,14 @@ def turned_away(spec: LockSpec, lock: Any, ttl: float | None) -> LockBusy:
     (``lock_busy`` signal, metrics)."""
     if events.listeners:
         events.emit("busy", name=lock.name, key=lock.key, label=spec.label, ttl=ttl)
-    return LockBusy(f"lock {lock.name!r} is busy (held by someone else"
-                    f"{'' if ttl is None else f', {ttl:.3f} s left'}); gave up after "
-                    f"{spec.wait:g} s", lock.name, ttl)
+    return LockBusy(spec.busy_text(lock.name, ttl), lock.name, ttl)
 
 
 def holders_of(lock: Any, client: Any = None) -> str:
     """Who holds ``lock`` (host, pid, process, thread, since when), for a log line."""
+    describe = getattr(lock, "describe_holders", None)
+    if describe is not None:  # a semaphore's permits (django_rlock.limits)
+        return str(describe())
     members = getattr(lock, "locks", None)
     if members is not None:  # MultiLock / RedLock (or their asyncio twins): per server
         return "; ".join(f"[{i}] {holders_of(m, getattr(m, '_sync_client', None))}"
@@ -254,7 +344,7 @@ def holders_of(lock: Any, client: Any = None) -> str:
 def busy_response(spec: LockSpec, busy: LockBusy) -> Any:
     from django.http import HttpResponse
 
-    response = HttpResponse(f"Locked: {busy.name} is busy, try again later.\n",
+    response = HttpResponse(spec.busy_body(busy),
                             status=spec.busy_status(), content_type="text/plain; charset=utf-8")
     if busy.ttl is not None and not math.isinf(busy.ttl):
         response["Retry-After"] = str(max(1, math.ceil(busy.ttl)))
@@ -335,7 +425,7 @@ def locked(template: str | Callable[..., str], *, wait: float = 0, lease: float 
            on_busy: str | Callable[..., Any] | None = None, cache: str | Sequence[str] | None = None,
            client: Any = None, prefix: str | None = None, status: int | None = None,
            dedupe: bool = False, until_commit: bool = True,
-           quorum: bool = False) -> Callable[[F], F]:
+           quorum: bool = False, kind: str | None = None) -> Callable[[F], F]:
     """Run the decorated callable only while holding the lock named by ``template``.
 
     ``wait``: seconds to wait for a busy lock (0: one attempt). ``lease``: seconds, or None for
@@ -352,22 +442,33 @@ def locked(template: str | Callable[..., str], *, wait: float = 0, lease: float 
     ``until_commit``: a sync call made inside ``transaction.atomic()`` (or ``ATOMIC_REQUESTS``)
     keeps its lock until that transaction commits or rolls back, so the next holder sees its
     writes; False releases when the call returns (async views are never in a transaction).
+    ``kind``: the lock's kind, None (an ``RLock``), ``"fair"``, ``"read"``, ``"write"`` (the
+    two sides of the ``ReadWriteLock`` of that name) or ``"fenced"``: a function with a
+    ``fence_token`` parameter (which must have a default) then receives this acquire's token
+    in it, for ``django_rlock.fencing.fenced_update``. Not with a list of caches.
     """
-    spec = LockSpec(template, wait, lease, on_busy, cache, client, prefix, status, dedupe,
-                    until_commit, quorum)
+    return decorator(LockSpec(template, wait, lease, on_busy, cache, client, prefix, status,
+                              dedupe, until_commit, quorum, kind))
+
+
+def decorator(spec: LockSpec) -> Callable[[F], F]:
+    """The decorator of a spec: ``@locked``'s, and ``@limited``'s with a ``LimitSpec`` (whose
+    "lock" is one permit of a semaphore behind the same API)."""
 
     def decorate(func: F) -> F:
         if hasattr(func, "apply_async") and hasattr(func, "run"):
             raise TypeError(
-                f"@locked was applied to the Celery task {getattr(func, 'name', func)!r}; put the "
-                f"task decorator outermost:\n\n    @shared_task(bind=True)\n    @locked(...)\n"
+                f"{spec.decorator} was applied to the Celery task {getattr(func, 'name', func)!r};"
+                f" put the task decorator outermost:\n\n    @shared_task(bind=True)\n"
+                f"    {spec.decorator}(...)\n"
                 f"    def {getattr(func, '__name__', 'task')}(self, ...): ...")
         if not callable(func):
-            raise TypeError(f"@locked decorates callables, not {type(func).__name__}")
+            raise TypeError(f"{spec.decorator} decorates callables, not {type(func).__name__}")
         # method_decorator hands us a partial of the bound method per request, with
         # __wrapped__ pointing at the unbound one: its own signature is the one called.
         sig = inspect.signature(func, follow_wrapped=not isinstance(func, functools.partial))
         spec.check_signature(func, sig)
+        spec.check_function(func, sig)
 
         if inspect.iscoroutinefunction(func):
             @functools.wraps(func)
@@ -378,7 +479,7 @@ def locked(template: str | Callable[..., str], *, wait: float = 0, lease: float 
                     return _on_busy(spec, async_wrapper, turned_away(spec, lock, ttl), args, kwargs,
                                     lambda: holders_of(lock, getattr(lock, "_sync_client", None)))
                 try:
-                    return await func(*args, **kwargs)
+                    return await func(*args, **call_args(lock, func, kwargs))
                 finally:
                     try:
                         await lock.unlock()
@@ -405,7 +506,7 @@ def locked(template: str | Callable[..., str], *, wait: float = 0, lease: float 
                     return _on_busy(spec, sync_wrapper, busy, args, kwargs, lambda: holders_of(lock))
                 hold = hold_for_call(spec, lock, func)
                 try:
-                    return func(*args, **kwargs)
+                    return func(*args, **call_args(lock, func, kwargs))
                 finally:
                     hold.done()
 
