@@ -387,7 +387,9 @@ class PubSubManager:
             ch = self._channels.get(channel)
             if (ch is None or not ch.queue or ch.active or not self._connected
                     or not ch.confirmed.is_set() or ch.queue[0].attempting
-                    or ch.queue[0].key != key):
+                    or ch.queue[0].key != key or not ch.queue[0].owner):
+                # (No owner: a waiter of another kind on the same channel, e.g. a FencedLock,
+                # whose acquire must run its own script: never handed an RLock grant.)
                 return None
             w = ch.queue.popleft()
             w.reserved = True
