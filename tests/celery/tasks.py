@@ -99,3 +99,63 @@ def deduped_retry(self, a: int) -> int:
 @locked("dds:{a}", dedupe=True)
 def deduped_short(self, a: int) -> int:
     return a
+
+
+# -- issue #9: @limited and @locked(kind=...) tasks -------------------------------------------
+from django_rlock.limits import limited  # noqa: E402
+
+_PEAK = """
+local n = redis.call('incr', KEYS[1])
+if n > tonumber(redis.call('get', KEYS[2]) or '0') then redis.call('set', KEYS[2], n) end
+return n
+"""
+
+
+def _enter_limited(key: str) -> int:
+    """Count this run in: ``lim:now:<key>`` runs now, ``lim:peak:<key>`` the most at once."""
+    return int(_log.eval(_PEAK, 2, f"lim:now:{key}", f"lim:peak:{key}"))
+
+
+def _until(predicate: object, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+@app.task(bind=True)
+@limited("limw:{key}", permits=2, on_busy="wait", wait=120)
+def limited_wait(self, key: str, hold: float = 0.3) -> int:
+    n = _enter_limited(key)
+    record("ran", key, self.request.id, n)
+    # Hold on until a second run is inside (or briefly): runs overlap whenever they can.
+    _until(lambda: int(_log.get(f"lim:peak:{key}") or 0) >= 2, hold)
+    time.sleep(0.05)
+    _log.decr(f"lim:now:{key}")
+    return n
+
+
+@app.task(bind=True)
+@limited("lims:{key}", permits=2)
+def limited_skip(self, key: str) -> str:
+    _enter_limited(key)
+    try:
+        _until(lambda: _log.exists(f"lim:go:{key}"), 30)  # the test opens the gate
+    finally:
+        _log.decr(f"lim:now:{key}")
+    return "ran"
+
+
+@app.task(bind=True, max_retries=20)
+@limited("limr:{key}", permits=1, on_busy="retry")
+def limited_retry(self, key: str) -> int:
+    record("ran", key, self.request.retries)
+    return self.request.retries
+
+
+@app.task(bind=True)
+@locked("fenced:{key}", kind="fenced")
+def fenced_task(self, key: str, fence_token: int | None = None) -> int | None:
+    return fence_token
