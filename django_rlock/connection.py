@@ -16,6 +16,7 @@ from django.core.cache.backends.redis import RedisCache as BuiltinRedisCache
 from django.core.exceptions import ImproperlyConfigured
 
 from .conf import get_config, lock_options
+from .decorators import check_kind, check_permits, lock_of_kind
 from .engine import MultiLock, RedLock, RLock
 
 if TYPE_CHECKING:
@@ -89,65 +90,6 @@ def get_prefix(cache: str | None = None) -> str:
     return f"{key_prefix}:rlock:" if key_prefix else "rlock:"
 
 
-#: The lock kinds ``get_lock`` and ``@locked`` build: None is Redisson's RLock.
-KINDS: tuple[str | None, ...] = (None, "fair", "read", "write", "fenced")
-
-
-def check_kind(kind: Any, name: str) -> str | None:
-    """``kind`` if it is one of ``KINDS``; ValueError naming the lock, before any Redis command."""
-    if kind is not None and (not isinstance(kind, str) or kind not in KINDS):
-        raise ValueError(f"kind must be None, 'fair', 'read', 'write' or 'fenced', not {kind!r} "
-                         f"(lock {name!r})")
-    return kind
-
-
-def lock_of_kind(kind: str | None, client: Any, name: str, prefix: str,
-                 **options: Any) -> Any:
-    """A lock with the ``RLock`` API of one kind (see ``KINDS``) on a redis-py client.
-
-    ``options``: what the constructors share (``watchdog_timeout``, ``label``, ``on_lost``,
-    ``sync_replicas``, ``sync_timeout``). The kinds' modules are imported on first use.
-    """
-    check_kind(kind, name)
-    if kind is None:
-        return RLock(client, name, prefix, **options)
-    if kind == "fair":
-        from .engine.fair import FairLock
-
-        return FairLock(client, name, prefix, **options)
-    if kind == "fenced":
-        from .engine.fenced import FencedLock
-
-        return FencedLock(client, name, prefix, **options)
-    from .engine.rwlock import ReadWriteLock
-
-    rw = ReadWriteLock(client, name, prefix, **options)
-    return rw.read_lock() if kind == "read" else rw.write_lock()
-
-
-def async_lock_of_kind(kind: str | None, client: Any, name: str, prefix: str,
-                       **options: Any) -> Any:
-    """``lock_of_kind`` for asyncio: ``client`` is a ``redis.asyncio`` client; ``options`` may
-    carry ``sync_client`` (the sync twin that renews and waits)."""
-    check_kind(kind, name)
-    if kind is None:
-        from .engine import AsyncRLock
-
-        return AsyncRLock(client, name, prefix, **options)
-    if kind == "fair":
-        from .engine.fair import AsyncFairLock
-
-        return AsyncFairLock(client, name, prefix, **options)
-    if kind == "fenced":
-        from .engine.fenced import AsyncFencedLock
-
-        return AsyncFencedLock(client, name, prefix, **options)
-    from .engine.rwlock import AsyncReadWriteLock
-
-    rw = AsyncReadWriteLock(client, name, prefix, **options)
-    return rw.read_lock() if kind == "read" else rw.write_lock()
-
-
 def get_lock(name: str, *, cache: str | Sequence[str] | None = None, label: str | None = None,
              quorum: bool = False, kind: str | None = None) -> Any:
     """A lock on the cache's Redis connection, with the configured prefix, watchdog and
@@ -193,16 +135,6 @@ def get_semaphore(name: str, permits: int | None = None, *, cache: str | None = 
     if permits is not None:
         sem.try_set_permits(permits)
     return sem
-
-
-def check_permits(permits: Any, name: str) -> int:
-    """A number of permits: an int >= 1 (TypeError/ValueError naming the semaphore)."""
-    if isinstance(permits, bool) or not isinstance(permits, int):
-        raise TypeError(f"permits must be an int, not {type(permits).__name__} "
-                        f"(semaphore {name!r})")
-    if permits < 1:
-        raise ValueError(f"permits must be >= 1, got {permits!r} (semaphore {name!r})")
-    return permits
 
 
 def get_latch(name: str, *, cache: str | None = None) -> Any:

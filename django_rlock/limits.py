@@ -24,7 +24,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from .decorators import LockSpec, decorator, is_async_client
+from .decorators import LockSpec, check_permits, decorator, is_async_client
 from .engine.errors import LockBusy
 from .engine.naming import suffix_name
 
@@ -185,8 +185,6 @@ class LimitSpec(LockSpec):
         label = template if isinstance(template, str) else getattr(template, "__name__", "callable")
         if isinstance(cache, (list, tuple)):
             raise ValueError(f"@limited takes one cache alias, not a list (semaphore {label!r})")
-        from .connection import check_permits
-
         self.permits = check_permits(permits, str(label))
         super().__init__(template, wait, None, on_busy, cache, client, prefix, status, False,
                          until_commit)

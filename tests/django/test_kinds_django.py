@@ -349,3 +349,22 @@ def test_get_latch(db1):
     assert get_latch("workers").get_count() == 1
     latch.count_down()
     assert latch.wait(timeout=5) is True
+
+
+def test_kinds_and_limited_with_a_plain_client_need_no_django():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys, redis\n"
+            "from django_rlock.decorators import locked\n"
+            "from django_rlock.limits import limited\n"
+            "c = redis.Redis(unix_socket_path='/nonexistent')\n"
+            "locked('a:{n}', kind='write', client=c)(lambda n: n)\n"
+            "limited('b:{n}', permits=2, client=c)(lambda n: n)\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('django', 'celery')))\n")
+    root = Path(__file__).parents[2]
+    proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
+                          timeout=60, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(root)})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
