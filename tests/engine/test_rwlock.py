@@ -84,6 +84,22 @@ def test_layout_is_redissons(r, name):
     ps.close()
 
 
+def test_bad_input_is_refused_before_any_redis_command(r):
+    calls = r.info("commandstats")
+    for bad, err in (({"name": ""}, ValueError), ({"name": 3}, TypeError),
+                     ({"watchdog_timeout": 0}, ValueError), ({"sync_replicas": -1}, ValueError),
+                     ({"label": 5}, TypeError)):
+        kw = {"name": "x", **bad}
+        with pytest.raises(err):
+            ReadWriteLock(r, kw.pop("name"), **kw)
+    read = ReadWriteLock(r, "x").read_lock()
+    with pytest.raises(ValueError):
+        read.try_lock(wait_time=-1)
+    with pytest.raises(ValueError):
+        read.lock(lease_time=0)
+    assert r.info("commandstats").get("cmdstat_evalsha") == calls.get("cmdstat_evalsha")
+
+
 # -- Redisson's tests -----------------------------------------------------------------------
 def test_is_locked_and_write_then_read(r, holders):
     """testReadLockIsLocked and testWR."""
@@ -198,19 +214,20 @@ def test_read_lock_expiration(r, holders):
     rw = ReadWriteLock(r, "readexp")
     read, write = rw.read_lock(), rw.write_lock()
     a, b = holders(), holders()
-    t0 = time.monotonic()
 
     def reader(lease, hold):
         read.lock(lease_time=lease)
         time.sleep(hold)
         read.unlock()
+        return time.monotonic()
 
     ra = a.submit(lambda: reader(2.0, 1.2))
     rb = b.submit(lambda: reader(0.8, 0.5))
     wait_until(lambda: r.hlen("readexp") == 3, 2)
     assert write.try_lock(wait_time=5, lease_time=2)
-    elapsed = time.monotonic() - t0
-    assert 1.1 < elapsed < 2.0, elapsed
+    entered = time.monotonic()
+    last_unlock = max(ra(), rb())
+    assert 0 <= entered - last_unlock < 1.0  # woken by the last read unlock, not by a lease
     ra(), rb()
     write.unlock()
 
@@ -271,6 +288,36 @@ def test_a_writers_lease_never_cuts_its_own_longer_read_holds(r):
     assert r.hget("wrlonger", "mode") == b"read" and r.pttl("wrlonger") > 4000
     read.unlock()
     assert not r.exists("wrlonger")
+
+
+def test_a_writers_own_read_unlock_never_cuts_its_write_lease(r):
+    rw = ReadWriteLock(r, "wrcut")
+    read, write = rw.read_lock(), rw.write_lock()
+    write.lock()  # watchdog: 30 s
+    read.lock(lease_time=1)
+    read.lock(lease_time=1)
+    read.unlock()  # Redisson would PEXPIRE the hash to the read hold's ~1 s
+    assert r.pttl("wrcut") > 20_000
+    read.unlock()
+    assert r.pttl("wrcut") > 20_000 and write.is_locked()
+    write.unlock()
+    assert not r.exists("wrcut")
+
+
+def test_a_downgrade_wakes_waiting_readers(r, holders):
+    """The writer keeps a read hold as it unlocks the write lock: waiting readers may enter
+    now (Redisson publishes nothing here; they would sleep on the 30 s PTTL)."""
+    rw = ReadWriteLock(r, "down")
+    read, write = rw.read_lock(), rw.write_lock()
+    write.lock()
+    read.lock()
+    got = holders().submit(lambda: read.try_lock(wait_time=10))
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    write.unlock()
+    assert got(10) is True and time.monotonic() - t0 < 2.0
+    assert r.hlen("down") == 3 and r.hget("down", "mode") == b"read"
+    read.force_unlock()
 
 
 def test_ttl_under_the_watchdog_for_read_and_write(r):
@@ -374,33 +421,20 @@ def test_a_reader_cannot_upgrade_and_a_writer_waits_for_readers(r, holders):
 
 
 # -- renewal and dead owners ----------------------------------------------------------------
-def test_a_read_hold_whose_key_is_gone_is_lost(r):
+def test_a_read_hold_whose_key_is_gone_is_lost(r, holders):
     """Its own timeout key gone (a pause past its lease, say) while another reader keeps the
     hash alive: that reader's unlock would treat it as dead, so the holder is told now."""
     lost: list[str] = []
-    rw = ReadWriteLock(r, "lostread", watchdog_timeout=1.5, on_lost=lost.append)
-    read = rw.read_lock()
-    other = holders_thread_read(ReadWriteLock(r, "lostread", watchdog_timeout=1.5))
+    read = ReadWriteLock(r, "lostread", watchdog_timeout=1.5, on_lost=lost.append).read_lock()
+    other = holders()
+    other_read = ReadWriteLock(r, "lostread", watchdog_timeout=1.5).read_lock()
+    other.call(other_read.lock)  # keeps the hash alive
     read.lock()
     r.delete(tkey("lostread", identity.thread_owner(), 1))
     assert wait_until(read.is_lost, 2.0) is not None
-    assert lost == ["lostread"]
-    other.set()
-
-
-def holders_thread_read(rw: ReadWriteLock) -> threading.Event:
-    done = threading.Event()
-    ready = threading.Event()
-
-    def run():
-        rw.read_lock().lock()
-        ready.set()
-        done.wait(10)
-        rw.read_lock().unlock()
-
-    threading.Thread(target=run, daemon=True).start()
-    ready.wait(5)
-    return done
+    assert lost == ["lostread"] and other.call(other_read.is_lost) is False
+    other.call(other_read.unlock)  # our stale field does not keep the lock
+    assert not r.exists("lostread")
 
 
 def test_renewal_touches_only_its_own_owners_timeout_keys(r):
@@ -454,7 +488,7 @@ def test_a_sigkilled_readers_hold_blocks_a_writer_no_longer_than_its_watchdog_ti
 
 
 def test_a_thread_that_ends_holding_a_read_lock_is_released(r):
-    rw = ReadWriteLock(r, "deadread", watchdog_timeout=1.5)
+    rw = ReadWriteLock(r, "deadread", watchdog_timeout=3.0)  # renewed every 1 s
     other = rw.read_lock()
     t = threading.Thread(target=other.lock, name="doomed-reader")
     t.start()
@@ -462,7 +496,7 @@ def test_a_thread_that_ends_holding_a_read_lock_is_released(r):
     hold = [h for _, h in watchdog().holds_of(*_server_key(rw, "deadread"))][0]
     assert hold.end_args[0] == hold.owner and hold.renew_key == "deadread"
     freed = wait_until(lambda: not r.exists("deadread"), 3.0)
-    assert freed is not None and freed < 1.4  # a period (0.5 s) and a tick, not its lease
+    assert freed is not None and freed < 2.5  # a period and a tick, not its 3 s lease
     assert r.keys("*") == []
 
 
@@ -549,3 +583,38 @@ def test_asyncio_readers_together_writer_alone_per_task(ar, r):
         await ar.aclose()
 
     asyncio.run(main())
+
+
+# -- a defect of the shared wake-all policy (pubsub.py, not this kind's) ----------------------
+@pytest.mark.xfail(strict=True, reason="pubsub: a wake-all message that lands while a woken "
+                   "waiter's retry is in flight is dropped (Channel.wake_all skips active "
+                   "waiters, no 'pending'); the waiter then sleeps on the PTTL its retry saw")
+def test_a_message_during_a_woken_waiters_retry_is_not_lost(r, holders):
+    rw = ReadWriteLock(r, "lostwake")
+    write = rw.write_lock()
+    reader, holder = holders(), holders()
+    read = rw.read_lock()
+    holder.call(write.lock)                      # watchdog: a 30 s PTTL
+    waiter = ReadWriteLock(r, "lostwake").write_lock()
+    real = waiter._attempt
+    calls: list[bool] = []  # 1: before waiting; 2: on entering the queue; 3: woken
+
+    def attempt(k, lease_ms, t0, claim=False):
+        calls.append(claim)
+        if len(calls) == 3:                      # the retry woken by the write unlock:
+            reader.call(read.lock)               # a reader barges in first (non-fair)
+            ttl = real(k, lease_ms, t0, claim)   # so this retry fails, with a 30 s PTTL
+            reader.call(read.unlock)             # the lock is free, "0" is published ...
+            time.sleep(0.3)                      # ... and arrives while the retry is active
+            return ttl
+        return real(k, lease_ms, t0, claim)
+
+    waiter._attempt = attempt
+    got = holders().submit(lambda: waiter.try_lock(wait_time=5))
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    holder.call(write.unlock)                    # publishes "1": the waiter retries
+    assert got(15) is True
+    assert time.monotonic() - t0 < 3.0           # not at the end of its budget
+    assert len(calls) == 4                       # it retried once more, and got it
+    waiter.force_unlock()
