@@ -52,7 +52,8 @@ class Waiter:
     """
 
     __slots__ = ("_park", "_loop", "_event", "signaled", "reserved", "granted", "abandoned",
-                 "attempting", "key", "owner", "lease_ms", "on_grant", "info", "detached")
+                 "attempting", "key", "owner", "lease_ms", "on_grant", "info", "detached",
+                 "seen")
 
     def __init__(self, owner: str = "", lease_ms: int = 0,
                  on_grant: Callable[[], None] | None = None,
@@ -75,6 +76,7 @@ class Waiter:
         self.on_grant = on_grant
         self.info = info  # what the index shows about it once handed the lock
         self.detached = False
+        self.seen = 0  # its channel's message count when its last attempt began
 
     def park(self, timeout: float | None) -> None:
         if timeout is None:
@@ -120,7 +122,8 @@ class Channel:
     """The waiters of one lock channel in this process."""
 
     __slots__ = ("name", "queue", "active", "pending", "refs", "want", "confirmed",
-                 "idle_since", "expires_hint", "echoes", "confirm_futures", "wakes")
+                 "idle_since", "expires_hint", "echoes", "confirm_futures", "wakes",
+                 "messages")
 
     def __init__(self, name: bytes, wakes: WakePolicy | None = None) -> None:
         self.name = name
@@ -128,6 +131,7 @@ class Channel:
         #: hand-off). A kind whose message means more (a write unlock, new permits, a latch
         #: at zero) says so here; its waiters retry and re-park like any other.
         self.wakes = wakes
+        self.messages = 0  # messages seen (a multi-wake waiter retries if one came mid-attempt)
         self.queue: collections.deque[Waiter] = collections.deque()
         self.active = 0            # woken or reserved waiters whose outcome is not known yet
         self.pending = False       # a wake arrived while one was in flight
@@ -169,6 +173,7 @@ class Channel:
 
     def wake_message(self, data: Any) -> None:
         """A message arrived on this channel: wake as many waiters as it is worth."""
+        self.messages += 1
         n = 1 if self.wakes is None else self.wakes(data)
         if n < 0:
             self.wake_all()
@@ -281,6 +286,7 @@ class Slot:
         if w.granted:
             return True
         w.attempting = True  # no hand-off to us while our own acquire is in flight
+        w.seen = self.channel.messages
         return False
 
     def attempted(self, acquired: bool, ttl_ms: int | None = None) -> bool:
@@ -290,6 +296,11 @@ class Slot:
             w.attempting = False
             if ttl_ms is not None and ttl_ms >= 0:
                 ch.expires_hint = time.monotonic() + ttl_ms / 1000.0
+            if not acquired and ch.wakes is not None and ch.messages != w.seen:
+                # A multi-wake kind: a message came while this attempt was in flight (it may
+                # have read the state before the change the message announces): retry now.
+                # Woken or still queued, it keeps its place.
+                return True
             if w.signaled:
                 w.signaled = False
                 ch.active -= 1
