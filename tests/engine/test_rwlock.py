@@ -585,10 +585,9 @@ def test_asyncio_readers_together_writer_alone_per_task(ar, r):
     asyncio.run(main())
 
 
-# -- a defect of the shared wake-all policy (pubsub.py, not this kind's) ----------------------
-@pytest.mark.xfail(strict=True, reason="pubsub: a wake-all message that lands while a woken "
-                   "waiter's retry is in flight is dropped (Channel.wake_all skips active "
-                   "waiters, no 'pending'); the waiter then sleeps on the PTTL its retry saw")
+# -- the shared wake-all policy (pubsub.py) ---------------------------------------------------
+# A message that lands while a woken waiter's retry is in flight must not be dropped, or the
+# waiter sleeps on the PTTL its stale retry saw (fixed in pubsub by 6c37b84).
 def test_a_message_during_a_woken_waiters_retry_is_not_lost(r, holders):
     rw = ReadWriteLock(r, "lostwake")
     write = rw.write_lock()
