@@ -580,8 +580,10 @@ class PermitExpirableSemaphore(_PermitsBase):
     With ``lease_time=None`` the permit is renewed by this process's watchdog (every
     ``watchdog_timeout / 3``) until released, so it comes back within ``watchdog_timeout``
     if the process dies; with a lease it comes back when the lease ends. A permit is not the
-    thread's: any thread or process may release it by id. The semaphore must be given
-    permits first (``try_set_permits`` / ``add_permits``): it starts with none.
+    thread's: any thread or process may release it by id (a renewed permit released
+    elsewhere is logged as lost by this process's watchdog at its next renewal, and no
+    longer renewed). ``update_lease_time`` gives a permit a fixed lease: no longer renewed.
+    The semaphore must be given permits first (``try_set_permits`` / ``add_permits``).
     """
 
     def __init__(self, client: Any, name: str, prefix: str = "",
