@@ -4,6 +4,9 @@ The standard changelist and actions need a queryset, so the model admin serves i
 (through ``admin_site.admin_view``: staff login, CSRF, never_cache) and reads Redis live. The
 list reads the index the lock scripts keep; ``?scan=1`` walks the keyspace instead, to find
 locks other Redisson clients took too.
+
+Every kind is shown (a Kind column: lock, fair, rw, semaphore, permits, latch, fenced) with
+its details, and force-unlocked the way its waiters expect (``engine.listing.Locks.force``).
 """
 
 from __future__ import annotations
@@ -35,6 +38,30 @@ def format_ttl(ttl: float) -> str:
 
 def format_held(seconds: float) -> str:
     return f"{seconds:.1f} s"
+
+
+def format_lease(seconds: float | None) -> str:
+    return "no expiry" if seconds is None else f"{seconds:.1f} s"
+
+
+#: What a force-unlock does beyond deleting the key, by kind (the confirmation page says it).
+CLEAR_NOTES = {
+    "lock": "Waiters are woken and one of them takes the lock.",
+    "fenced": "Waiters are woken and one of them takes the lock; the token counter is kept, so "
+              "tokens keep growing.",
+    "fair": "Its queue of waiters and their timeouts are deleted too; the head of the queue is "
+            "woken and takes the lock, the others queue again.",
+    "rw": "Every read hold's timeout key is deleted too; all waiting readers and writers are "
+          "woken.",
+    "semaphore": "Its permits are deleted (none are available until they are set again); "
+                 "whoever took permits keeps running, uncounted. Waiters are woken.",
+    "permits": "Its permits and the permits taken are deleted (none are available until they "
+               "are set again); whoever took permits keeps running, uncounted. Waiters are "
+               "woken.",
+    "latch": "The latch opens (a missing latch counts 0): every waiter returns.",
+    "semaphore|latch": "The key is deleted: a semaphore has no permits until they are set "
+                       "again, a latch opens. Waiters of either are woken.",
+}
 
 
 @admin.register(Lock)
@@ -197,6 +224,11 @@ class LockAdmin(admin.ModelAdmin):
         return {
             "name": info.name,
             "key": info.key,
+            "kind": info.kind,
+            "summary": info.summary(),
+            "details": self._details(info),
+            "value": info.value,
+            "clear_note": CLEAR_NOTES.get(info.kind, ""),
             "holders": [self._holder(h) for h in info.holders],
             "known": all(h.pid is not None for h in info.holders),
             "fields": sorted(info.fields.items()),
@@ -207,6 +239,16 @@ class LockAdmin(admin.ModelAdmin):
                                         current_app=self.admin_site.name) + mode,
         }
 
+    def _details(self, info: LockInfo) -> dict[str, Any]:
+        """The kind's details for the templates, times formatted."""
+        d = dict(info.details)
+        if "queue" in d:
+            d["queue"] = [{"owner": w["owner"], "timeout": format_lease(w["timeout"])}
+                          for w in d["queue"]]
+        if "leases" in d:
+            d["leases"] = [{"id": p["id"], "ttl": format_lease(p["ttl"])} for p in d["leases"]]
+        return d
+
     def _holder(self, h: Holder) -> dict[str, Any]:
         """A holder for the templates: what is unknown (a lock another Redisson client took has
         no index entry) reads as the admin's empty value."""
@@ -216,7 +258,8 @@ class LockAdmin(admin.ModelAdmin):
             return empty if value is None else value
 
         return {
-            "owner": f"{h.client_id}:{h.thread_id}",
+            "owner": h.field,
+            "write": h.write,
             "hold_count": h.hold_count,
             "host": shown(h.host),
             "pid": shown(h.pid),

@@ -5,6 +5,10 @@ acquire and release scripts keep, so a listing costs the same with 50 keys in th
 20 million; ``scan=True`` walks the keyspace with SCAN (MATCH prefix+glob, TYPE hash) instead,
 to find locks taken by other Redisson clients (Java, Node), which never enter the index. The
 admin pages by slicing the sorted names and reads only the rows of the page.
+
+Every kind of the family is listed (``LockInfo.kind``: lock, fair, rw, semaphore, permits,
+latch, fenced) with its details, and force-unlocked the way its waiters expect
+(``engine.listing.Locks.force``).
 """
 
 from __future__ import annotations
@@ -13,11 +17,10 @@ from collections.abc import Iterable
 from typing import Any
 
 from .connection import cache_alias, get_client, get_prefix
-from .engine import RLock
-from .engine.listing import Holder, LockInfo, Locks, glob_escape
+from .engine.listing import KINDS, SEMAPHORE_OR_LATCH, Holder, LockInfo, Locks, glob_escape
 
-__all__ = ["Holder", "LockInfo", "LockInspector", "clear", "clear_all", "glob_escape",
-           "list_locks", "show"]
+__all__ = ["KINDS", "SEMAPHORE_OR_LATCH", "Holder", "LockInfo", "LockInspector", "clear",
+           "clear_all", "glob_escape", "list_locks", "show"]
 
 
 class LockInspector:
@@ -42,19 +45,15 @@ class LockInspector:
         return self.fetch(self.names(match, scan=scan))
 
     def show(self, name: str) -> LockInfo | None:
-        """The raw hash, holders and TTL of one lock; None if there is no such lock."""
+        """The raw hash (or value), holders, TTL and the kind's details of one lock (a fair
+        lock's queue, each permit's lease); None if there is no such lock."""
         return self._locks.show(name)
 
     def clear(self, names: Iterable[str]) -> list[str]:
-        """Force-unlock the named locks (delete and publish, so waiters wake).
-
-        Only keys that are lock hashes are touched. Returns the names actually unlocked.
-        """
-        cleared = []
-        for info in self.fetch(names):
-            if RLock(self.client, info.name, prefix=self.prefix).force_unlock():
-                cleared.append(info.name)
-        return cleared
+        """Force-unlock the named locks, each as its kind needs (delete its keys and publish,
+        so waiters wake). Only keys that are one of the kinds are touched. Returns the names
+        actually unlocked."""
+        return self._locks.clear(names)
 
     def clear_all(self, match: str = "*", *, scan: bool = False) -> list[str]:
         """Force-unlock every live lock whose name matches ``match``."""

@@ -1,4 +1,10 @@
-"""``manage.py locks list|show|clear``: see and force-unlock the live locks in Redis."""
+"""``manage.py locks list|show|clear``: see and force-unlock the live locks in Redis.
+
+Every kind of the family is shown (KIND: lock, fair, rw, semaphore, permits, latch, fenced;
+``semaphore|latch`` for an integer string no index entry names) with its details: permits
+available and taken, a latch's count, a read-write lock's mode, readers and writer, a fair
+lock's queue, a fenced lock's token.
+"""
 
 from __future__ import annotations
 
@@ -41,17 +47,20 @@ class Command(BaseCommand):
                            help="Cache alias whose Redis holds the locks (default: RLOCK['CACHE']).")
             return p
 
-        p = command("list", "List every live lock: name, holders (client id, thread id, hold count, "
-                            "host, pid, process, thread, how long held), TTL.")
+        p = command("list", "List every live lock: name, kind, holders (client id, thread id, hold "
+                            "count, host, pid, process, thread, how long held), TTL, the kind's "
+                            "details.")
         p.add_argument("--match", default="*", help="Only names matching this Redis glob (default: *).")
         p.add_argument("--format", choices=["table", "json"], default="table")
         p.add_argument("--scan", action="store_true", help=SCAN_HELP)
 
-        p = command("show", "Show one lock: its holders, TTL and raw hash.")
+        p = command("show", "Show one lock: its kind, holders, TTL, the kind's details (a fair "
+                            "lock's queue, each permit's lease) and raw hash or value.")
         p.add_argument("name")
         p.add_argument("--format", choices=["table", "json"], default="table")
 
-        p = command("clear", "Force-unlock locks (delete them and wake their waiters).")
+        p = command("clear", "Force-unlock locks of any kind (delete them, with a fair lock's queue "
+                             "and a semaphore's permits, and wake their waiters).")
         p.add_argument("names", nargs="*", metavar="NAME")
         p.add_argument("--all", action="store_true", help="Force-unlock every live lock.")
         p.add_argument("--scan", action="store_true", help=f"With --all: {SCAN_HELP}")
@@ -76,11 +85,10 @@ class Command(BaseCommand):
         if not locks:
             self.stdout.write(f"No locks under prefix {inspector.prefix!r}.")
             return
-        header = ("NAME", "HOLDER", "HOLDS", "HOST", "PID", "PROCESS", "THREAD", "HELD", "TTL")
-        rows = [(info.name, f"{h.client_id}:{h.thread_id}", str(h.hold_count), _cell(h.host),
-                 _cell(h.pid), _cell(h.process), _cell(h.thread), format_held(h.held_for),
-                 format_ttl(info.ttl))
-                for info in locks for h in info.holders]
+        header = ("NAME", "KIND", "HOLDER", "HOLDS", "HOST", "PID", "PROCESS", "THREAD", "HELD",
+                  "TTL", "DETAILS")
+        rows = [(info.name, info.kind, *_holder_cells(h), format_ttl(info.ttl), info.summary())
+                for info in locks for h in (info.holders or (None,))]
         widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
         self.stdout.write(self.style.MIGRATE_HEADING(_row(header, widths)))
         for row in rows:
@@ -94,9 +102,15 @@ class Command(BaseCommand):
         if format == "json":
             self.stdout.write(json.dumps(_show_json(info), indent=2))
             return
-        self.stdout.write(f"name: {info.name}\nkey:  {info.key}\nttl:  {format_ttl(info.ttl)}")
+        self.stdout.write(f"name: {info.name}\nkey:  {info.key}\nttl:  {format_ttl(info.ttl)}\n"
+                          f"kind: {info.kind}")
+        for line in _show_details(info):
+            self.stdout.write(line)
         for h in info.holders:
             self.stdout.write(_show_holder(h))
+        if info.value is not None:
+            self.stdout.write(f"value: {info.value}")
+            return
         self.stdout.write("hash:")
         for f, v in info.fields.items():
             self.stdout.write(f"  {f} -> {v}")
@@ -128,15 +142,61 @@ class Command(BaseCommand):
 
 
 def _show_json(info: LockInfo) -> dict[str, Any]:
-    """``as_dict()`` (holders with exactly the documented keys) plus the raw hash; the table
-    form of ``show`` also gives each holder's OS thread id."""
+    """``as_dict()`` (holders with exactly the documented keys, the kind and its details) plus
+    the raw hash, or the raw value of a string kind; the table form of ``show`` also gives
+    each holder's OS thread id."""
     data = info.as_dict()
-    data["hash"] = info.fields
+    if info.value is not None:
+        data["raw"] = info.value
+    else:
+        data["hash"] = info.fields
     return data
 
 
+def _holder_cells(h: Holder | None) -> tuple[str, ...]:
+    """HOLDER .. HELD of a list row; a kind without owners (semaphore, latch) has none."""
+    if h is None:
+        return (UNKNOWN,) * 7
+    return (h.field, str(h.hold_count), _cell(h.host), _cell(h.pid), _cell(h.process),
+            _cell(h.thread), format_held(h.held_for))
+
+
+def _lease(seconds: float | None) -> str:
+    return "no expiry" if seconds is None else f"{seconds:.3f}s"
+
+
+def _show_details(info: LockInfo) -> list[str]:
+    """The kind's details, one line each (``show``'s table form)."""
+    d = info.details
+    if info.kind == "fair":
+        lines = [f"queue length: {d['queue_length']}"]
+        lines += [f"  {i}. {w['owner']} (times out in {_lease(w['timeout'])})"
+                  for i, w in enumerate(d.get("queue", ()), 1)]
+        return lines
+    if info.kind == "rw":
+        writer = d["writer"]
+        lines = [f"mode: {d['mode']}",
+                 f"writer: {UNKNOWN if writer is None else writer['owner']}"
+                 + ("" if writer is None else f" ({writer['hold_count']} hold(s))"),
+                 f"readers: {len(d['readers'])}"]
+        return lines + [f"  {r['owner']} ({r['hold_count']} hold(s))" for r in d["readers"]]
+    if info.kind == "fenced":
+        return [f"token: {_cell(d['token'])}"]
+    if info.kind == "semaphore":
+        return [f"permits available: {d['permits']}"]
+    if info.kind == "permits":
+        lines = [f"permits available: {d['permits']}", f"permits taken: {d['taken']}"]
+        return lines + [f"  {p['id']} (lease {_lease(p['ttl'])})" for p in d.get("leases", ())]
+    if info.kind == "latch":
+        return [f"count: {d['count']}"]
+    if "value" in d:
+        return [f"count or permits: {d['value']} (a semaphore or a latch: Redisson stores both "
+                f"alike, and no index entry says which)"]
+    return []
+
+
 def _show_holder(h: Holder) -> str:
-    lines = [("holder", f"{h.client_id}:{h.thread_id}"), ("  hold count", h.hold_count),
+    lines = [("holder", h.field), ("  hold count", h.hold_count),
              ("  host", h.host), ("  pid", h.pid), ("  process", h.process), ("  thread", h.thread),
              ("  os thread id", h.os_thread_id), ("  held for", format_held(h.held_for))]
     return "\n".join(f"{label + ':':<16}{_cell(value)}" for label, value in lines)
