@@ -1,39 +1,58 @@
 """django-rlock: Redisson's distributed locks for Python, first-class in Django and Celery.
 
 Importing this package needs neither Django nor configured settings: the engine names are
-imported eagerly, the Django-facing ones (``get_lock``, ``locked``) on first use.
+imported eagerly, the Django-facing ones (``get_lock``, ``locked``, ...) on first use.
 """
 
 from typing import Any
 
 from .engine import (
+    AsyncCountDownLatch,
+    AsyncFencedLock,
     AsyncMultiLock,
+    AsyncPermitExpirableSemaphore,
+    AsyncReadLock,
+    AsyncReadWriteLock,
     AsyncRedLock,
     AsyncRLock,
+    AsyncSemaphore,
+    AsyncWriteLock,
+    CountDownLatch,
+    FencedLock,
     LockBusy,
     LockError,
     LockNotOwnedError,
     LockNotSyncedError,
     MultiLock,
     MultiLockError,
+    PermitExpirableSemaphore,
+    ReadLock,
+    ReadWriteLock,
     RedLock,
     RLock,
+    Semaphore,
+    WriteLock,
 )
 
 __version__ = "0.1.0"
 
-__all__ = ["AsyncMultiLock", "AsyncRLock", "AsyncRedLock", "LockBusy", "LockError",
-           "LockNotOwnedError", "LockNotSyncedError", "MultiLock", "MultiLockError", "RLock",
-           "RedLock", "__version__", "get_lock", "locked"]
+#: Django-facing names, imported on first use: name -> module.
+_LAZY = {"get_lock": "connection", "get_semaphore": "connection", "get_latch": "connection",
+         "locked": "decorators", "limited": "limits", "fenced_update": "fencing",
+         "afenced_update": "fencing"}
+
+__all__ = ["AsyncCountDownLatch", "AsyncFencedLock", "AsyncMultiLock",
+           "AsyncPermitExpirableSemaphore", "AsyncRLock", "AsyncReadLock", "AsyncReadWriteLock",
+           "AsyncRedLock", "AsyncSemaphore", "AsyncWriteLock", "CountDownLatch", "FencedLock",
+           "LockBusy", "LockError", "LockNotOwnedError", "LockNotSyncedError", "MultiLock",
+           "MultiLockError", "PermitExpirableSemaphore", "RLock", "ReadLock", "ReadWriteLock",
+           "RedLock", "Semaphore", "WriteLock", "__version__", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:
-    if name == "get_lock":
-        from .connection import get_lock
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'django_rlock' has no attribute {name!r}")
+    import importlib
 
-        return get_lock
-    if name == "locked":
-        from .decorators import locked
-
-        return locked
-    raise AttributeError(f"module 'django_rlock' has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{module}", __name__), name)

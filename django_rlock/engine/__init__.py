@@ -2,9 +2,28 @@
 
 from .aio import AsyncRLock
 from .errors import LockBusy, LockError, LockNotOwnedError, LockNotSyncedError
+from .fenced import AsyncFencedLock, FencedLock
+from .latch import AsyncCountDownLatch, CountDownLatch
 from .lock import RLock
 from .multi import AsyncMultiLock, AsyncRedLock, MultiLock, MultiLockError, RedLock
+from .rwlock import (
+    AsyncReadLock,
+    AsyncReadWriteLock,
+    AsyncWriteLock,
+    ReadLock,
+    ReadWriteLock,
+    WriteLock,
+)
+from .semaphore import (
+    AsyncPermitExpirableSemaphore,
+    AsyncSemaphore,
+    PermitExpirableSemaphore,
+    Semaphore,
+)
 
-__all__ = ["AsyncMultiLock", "AsyncRLock", "AsyncRedLock", "LockBusy", "LockError",
-           "LockNotOwnedError", "LockNotSyncedError", "MultiLock", "MultiLockError", "RLock",
-           "RedLock"]
+__all__ = ["AsyncCountDownLatch", "AsyncFencedLock", "AsyncMultiLock",
+           "AsyncPermitExpirableSemaphore", "AsyncRLock", "AsyncReadLock", "AsyncReadWriteLock",
+           "AsyncRedLock", "AsyncSemaphore", "AsyncWriteLock", "CountDownLatch", "FencedLock",
+           "LockBusy", "LockError", "LockNotOwnedError", "LockNotSyncedError", "MultiLock",
+           "MultiLockError", "PermitExpirableSemaphore", "RLock", "ReadLock", "ReadWriteLock",
+           "RedLock", "Semaphore", "WriteLock"]
