@@ -459,3 +459,56 @@ def test_the_kind_classes_write_what_the_listing_reads(r: redis.Redis) -> None:
     finally:
         for unlock in cleanups:
             unlock()
+
+
+def test_clear_wakes_real_waiters_of_the_kind_classes(r: redis.Redis, holders: Any) -> None:
+    """With the family's own classes (where they exist): a latch waiter returns and a writer
+    waiting for a reader gets the lock at once, long before a recheck or a lease would let
+    them; the reader's hold is reported lost."""
+    import importlib
+    import threading
+
+    ran = 0
+    try:
+        latch_cls = importlib.import_module("django_rlock.engine.latch").CountDownLatch
+    except (ImportError, AttributeError):
+        latch_cls = None
+    if latch_cls is not None:
+        latch = latch_cls(r, "latch", prefix="k:")
+        assert latch.try_set_count(5)
+        returned = threading.Event()
+        t = threading.Thread(target=lambda: latch.wait(60) and returned.set(), daemon=True)
+        t.start()
+        time.sleep(0.3)
+        assert not returned.is_set()
+        start = time.monotonic()
+        assert Locks(r, "k:").clear(["latch"]) == ["latch"]
+        assert returned.wait(10)
+        assert time.monotonic() - start < 3  # by the message, not the 5 s recheck
+        t.join(5)
+        ran += 1
+    try:
+        rw_cls = importlib.import_module("django_rlock.engine.rwlock").ReadWriteLock
+    except (ImportError, AttributeError):
+        rw_cls = None
+    if rw_cls is not None:
+        reader = rw_cls(r, "rw", prefix="k:").read_lock()
+        h = holders()
+        h.call(reader.lock)  # watchdog mode: 30 s, renewed
+        writer = rw_cls(r, "rw", prefix="k:").write_lock()
+        w = holders()
+        got = w.submit(lambda: writer.try_lock(wait_time=60))
+        time.sleep(0.3)
+        start = time.monotonic()
+        [info] = Locks(r, "k:").read(["rw"])
+        assert info.kind == "rw" and info.details["mode"] == "read"
+        assert Locks(r, "k:").clear(["rw"]) == ["rw"]
+        assert got(20) is True
+        assert time.monotonic() - start < 5
+        assert h.call(reader.is_lost) is True
+        [info] = Locks(r, "k:").read(["rw"])
+        assert info.details["mode"] == "write" and info.details["readers"] == []
+        w.call(writer.unlock)
+        ran += 1
+    if not ran:
+        pytest.skip("no kind class is importable yet")
