@@ -1,0 +1,55 @@
+"""Run by tests/engine/test_fair.py.
+
+``python -m tests.engine._fair_proc fifo SOCKET NAME PROC THREADS ROUNDS``: THREADS threads,
+each named ``<PROC>-<t>``, write their owner to the hash ``owners`` and block on the list
+``go:<PROC>-<t>`` until the test lets them join the line (one at a time, so the test knows the
+order in which they queued). Each then takes the fair lock ROUNDS times; while holding it, it
+appends its name to the list ``order`` and, after unlocking, queues again at once.
+
+``python -m tests.engine._fair_proc wait SOCKET NAME THREAD_WAIT_TIME``: writes its owner to
+the key ``dead-owner`` and waits for the lock forever (the test SIGKILLs it in the queue).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+import redis
+
+from django_rlock.engine.fair import FairLock
+from django_rlock.engine.identity import thread_owner
+
+
+def fifo(sock: str, name: str, proc: str, threads: str, rounds: str) -> None:
+    client = redis.Redis(unix_socket_path=sock)
+    lock = FairLock(client, name)  # one object shared by the threads
+
+    def work(label: str) -> None:
+        client.hset("owners", label, thread_owner())
+        client.blpop([f"go:{label}"], timeout=120)
+        for _ in range(int(rounds)):
+            lock.lock()
+            try:
+                client.rpush("order", label)
+            finally:
+                lock.unlock()
+
+    workers = [threading.Thread(target=work, args=(f"{proc}-{t}",)) for t in range(int(threads))]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    print("done", flush=True)
+
+
+def wait(sock: str, name: str, thread_wait_time: str) -> None:
+    client = redis.Redis(unix_socket_path=sock)
+    lock = FairLock(client, name, thread_wait_time=float(thread_wait_time))
+    client.set("dead-owner", thread_owner())
+    lock.lock()  # killed while queued
+    print("acquired", flush=True)
+
+
+if __name__ == "__main__":
+    {"fifo": fifo, "wait": wait}[sys.argv[1]](*sys.argv[2:])
