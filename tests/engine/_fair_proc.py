@@ -4,7 +4,8 @@
 each named ``<PROC>-<t>``, write their owner to the hash ``owners`` and block on the list
 ``go:<PROC>-<t>`` until the test lets them join the line (one at a time, so the test knows the
 order in which they queued). Each then takes the fair lock ROUNDS times; while holding it, it
-appends its name to the list ``order`` and, after unlocking, queues again at once.
+appends its name to the list ``order`` and the line it sees behind it (the queue's owners,
+JSON) to the list ``lines``; after unlocking it queues again at once.
 
 ``python -m tests.engine._fair_proc wait SOCKET NAME THREAD_WAIT_TIME``: writes its owner to
 the key ``dead-owner`` and waits for the lock forever (the test SIGKILLs it in the queue).
@@ -12,6 +13,7 @@ the key ``dead-owner`` and waits for the lock forever (the test SIGKILLs it in t
 
 from __future__ import annotations
 
+import json
 import sys
 import threading
 
@@ -32,6 +34,8 @@ def fifo(sock: str, name: str, proc: str, threads: str, rounds: str) -> None:
             lock.lock()
             try:
                 client.rpush("order", label)
+                line = [o.decode() for o in client.lrange(lock.queue_key, 0, -1)]
+                client.rpush("lines", json.dumps(line))
             finally:
                 lock.unlock()
 

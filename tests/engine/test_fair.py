@@ -206,9 +206,10 @@ def test_lease_timeout_8_threads_100ms_apart_acquire_in_fifo_order(r):
 
 
 def test_strict_fifo_8_threads_in_4_processes_re_queueing(r, redis_server):
-    """The order the waiters joined the line (set by the test, interleaving the processes) is
-    the order they get the lock, round after round: one that unlocks and asks again queues
-    behind everyone already waiting; no process or thread barges ahead."""
+    """Acquisition order is queue entry order, across processes: the first round's entry
+    order is set by the test (interleaving the processes); after that, each holder records
+    the line behind it, and the next holders must be exactly that line, in that order (one
+    that unlocks and asks again queues behind everyone already waiting: nobody barges)."""
     holder = FairLock(r, "fifo")
     holder.lock()
     procs = [subprocess.Popen([sys.executable, "-m", "tests.engine._fair_proc", "fifo",
@@ -230,8 +231,15 @@ def test_strict_fifo_8_threads_in_4_processes_re_queueing(r, redis_server):
         for p in procs:
             if p.poll() is None:
                 p.kill()
+    label_of = {o: label for label, o in owners.items()}
     order = [o.decode() for o in r.lrange("order", 0, -1)]
-    assert order == arrival * 3
+    lines = [[label_of[o] for o in json.loads(x)] for x in r.lrange("lines", 0, -1)]
+    assert len(order) == 24 and sorted(order) == sorted(arrival * 3)
+    assert order[:8] == arrival
+    assert lines[0] == arrival[1:]
+    for i, line in enumerate(lines):
+        assert order[i + 1:i + 1 + len(line)] == line, (i, order, line)
+    assert sum(map(len, lines)) > 24  # the lines were long: the check had teeth
     assert not r.exists("fifo") and queue(r, "fifo") == [] and scores(r, "fifo") == {}
 
 
