@@ -8,6 +8,7 @@ from typing import Any
 
 from .engine import (
     AsyncCountDownLatch,
+    AsyncFairLock,
     AsyncFencedLock,
     AsyncMultiLock,
     AsyncPermitExpirableSemaphore,
@@ -18,6 +19,7 @@ from .engine import (
     AsyncSemaphore,
     AsyncWriteLock,
     CountDownLatch,
+    FairLock,
     FencedLock,
     LockBusy,
     LockError,
@@ -41,9 +43,9 @@ _LAZY = {"get_lock": "connection", "get_semaphore": "connection", "get_latch": "
          "locked": "decorators", "limited": "limits", "fenced_update": "fencing",
          "afenced_update": "fencing"}
 
-__all__ = ["AsyncCountDownLatch", "AsyncFencedLock", "AsyncMultiLock",
+__all__ = ["AsyncCountDownLatch", "AsyncFairLock", "AsyncFencedLock", "AsyncMultiLock",
            "AsyncPermitExpirableSemaphore", "AsyncRLock", "AsyncReadLock", "AsyncReadWriteLock",
-           "AsyncRedLock", "AsyncSemaphore", "AsyncWriteLock", "CountDownLatch", "FencedLock",
+           "AsyncRedLock", "AsyncSemaphore", "AsyncWriteLock", "CountDownLatch", "FairLock", "FencedLock",
            "LockBusy", "LockError", "LockNotOwnedError", "LockNotSyncedError", "MultiLock",
            "MultiLockError", "PermitExpirableSemaphore", "RLock", "ReadLock", "ReadWriteLock",
            "RedLock", "Semaphore", "WriteLock", "__version__", *_LAZY]

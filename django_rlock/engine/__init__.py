@@ -2,6 +2,7 @@
 
 from .aio import AsyncRLock
 from .errors import LockBusy, LockError, LockNotOwnedError, LockNotSyncedError
+from .fair import AsyncFairLock, FairLock
 from .fenced import AsyncFencedLock, FencedLock
 from .latch import AsyncCountDownLatch, CountDownLatch
 from .lock import RLock
@@ -21,9 +22,9 @@ from .semaphore import (
     Semaphore,
 )
 
-__all__ = ["AsyncCountDownLatch", "AsyncFencedLock", "AsyncMultiLock",
+__all__ = ["AsyncCountDownLatch", "AsyncFairLock", "AsyncFencedLock", "AsyncMultiLock",
            "AsyncPermitExpirableSemaphore", "AsyncRLock", "AsyncReadLock", "AsyncReadWriteLock",
-           "AsyncRedLock", "AsyncSemaphore", "AsyncWriteLock", "CountDownLatch", "FencedLock",
+           "AsyncRedLock", "AsyncSemaphore", "AsyncWriteLock", "CountDownLatch", "FairLock", "FencedLock",
            "LockBusy", "LockError", "LockNotOwnedError", "LockNotSyncedError", "MultiLock",
            "MultiLockError", "PermitExpirableSemaphore", "RLock", "ReadLock", "ReadWriteLock",
            "RedLock", "Semaphore", "WriteLock"]

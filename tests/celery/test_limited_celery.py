@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import time
 
 import pytest
@@ -11,12 +10,6 @@ from tests.celery.conftest import entries, wait_for
 
 pytestmark = pytest.mark.usefixtures("threads_worker")
 
-semaphore = pytest.mark.skipif(
-    importlib.util.find_spec("django_rlock.engine.semaphore") is None,
-    reason="django_rlock.engine.semaphore (another helper's) not there yet")
-
-
-@semaphore
 def test_permits_two_four_concurrent_calls_at_most_two_run_at_once(locks, log):
     from tests.celery.tasks import limited_wait
 
@@ -29,7 +22,6 @@ def test_permits_two_four_concurrent_calls_at_most_two_run_at_once(locks, log):
     assert locks.zcard("{ct:rlock:limw:a}:timeout") == 0
 
 
-@semaphore
 def test_busy_tasks_skip_by_default(locks, log, caplog):
     from tests.celery.tasks import limited_skip
 
@@ -44,7 +36,6 @@ def test_busy_tasks_skip_by_default(locks, log, caplog):
     assert int(locks.get("ct:rlock:lims:s")) == 2
 
 
-@semaphore
 def test_retry_until_a_permit_is_free(locks, log):
     from django_rlock.connection import get_semaphore
     from tests.celery.tasks import limited_retry

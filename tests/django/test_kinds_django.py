@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import threading
 from typing import Any
 
@@ -19,12 +18,6 @@ from django_rlock.connection import get_latch, get_semaphore
 pytestmark = pytest.mark.urls(__name__)
 
 KEY = "demo:rlock:"
-
-
-def needs(module: str) -> Any:
-    """Skip until a kind's engine module has landed (built by another helper of issue #9)."""
-    present = importlib.util.find_spec(f"django_rlock.engine.{module}") is not None
-    return pytest.mark.skipif(not present, reason=f"django_rlock.engine.{module} not there yet")
 
 
 # -- views ------------------------------------------------------------------------------------
@@ -154,7 +147,6 @@ def test_get_lock_kind_uses_the_other_cache_and_settings(settings, redis_server)
             assert c.hget("site2:rlock:x", "mode") == b"write"
 
 
-@needs("fair")
 def test_get_lock_fair(db1, holders):
     from django_rlock.engine.fair import FairLock
 
@@ -263,7 +255,6 @@ def test_async_views_of_each_kind(db1, holders):
     assert not db1.exists(KEY + "adoc:1") and not db1.exists(KEY + "ajob:1")
 
 
-@needs("fair")
 def test_fair_view_and_function(db1, holders):
     assert Client().get("/fair/1/").status_code == 200
     holders().call(get_lock("queue:2", kind="fair").lock)
@@ -313,7 +304,6 @@ def test_kinds_keep_until_commit(db1):
 
 
 # -- get_semaphore / get_latch ------------------------------------------------------------------
-@needs("semaphore")
 def test_get_semaphore_sets_permits_once(db1):
     from django_rlock.engine.semaphore import PermitExpirableSemaphore
 
@@ -338,7 +328,6 @@ def test_get_semaphore_bad_permits_before_any_command(settings):
         get_latch("")
 
 
-@needs("latch")
 def test_get_latch(db1):
     from django_rlock.engine.latch import CountDownLatch
 

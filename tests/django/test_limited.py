@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import logging
 import threading
 import time
@@ -19,11 +18,7 @@ from django_rlock import LockBusy
 from django_rlock.connection import get_semaphore
 from django_rlock.limits import limited
 
-pytestmark = [
-    pytest.mark.urls(__name__),
-    pytest.mark.skipif(importlib.util.find_spec("django_rlock.engine.semaphore") is None,
-                       reason="django_rlock.engine.semaphore (another helper's) not there yet"),
-]
+pytestmark = pytest.mark.urls(__name__)
 
 KEY = "demo:rlock:"
 
