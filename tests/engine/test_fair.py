@@ -92,7 +92,10 @@ class Counter:
 
     def _run(self) -> None:
         while not self._stop:
-            m = self.ps.get_message(timeout=0.05)
+            try:
+                m = self.ps.get_message(timeout=0.05)
+            except redis.ConnectionError:  # the server went away at teardown
+                return
             if m and m["type"] == "pmessage":
                 ch = m["channel"].decode()
                 assert m["data"] == b"0"
@@ -471,9 +474,10 @@ def test_force_unlock_deletes_keeps_the_line_and_wakes_the_head(r, holders):
     lock = FairLock(r, "fu")
     lock.lock()
     waiters = [holders() for _ in range(2)]
-    res = [waiters[0].submit(lambda: lock.try_lock(wait_time=30)),
-           waiters[1].submit(lambda: lock.try_lock(wait_time=30))]
-    until(lambda: len(queue(r, "fu")) == 2)
+    res = []
+    for i, w in enumerate(waiters):
+        res.append(w.submit(lambda: lock.try_lock(wait_time=30)))
+        until(lambda i=i: len(queue(r, "fu")) == i + 1)
     first, second = queue(r, "fu")
     until(lambda: r.pubsub_numsub(fair_waiter_channel("fu", first))[0][1] == 1)
     counter = Counter(r, "fu")
