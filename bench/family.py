@@ -36,15 +36,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args(argv)
     rounds, seconds, b_seconds = (1, 1.0, 2.5) if args.quick else (3, 2.0, 4.0)
-    server = RedisServer().start()
-    try:
+    with RedisServer() as server:
         fair = contention.run(server, [RLOCK, FAIR], procs=4, threads=2, rounds=rounds,
                               duration_s=b_seconds, hold_s=0.001, reference=RLOCK,
                               label="family")
         pairs = uncontended.run(server, [FLOOR, RLOCK, SEMAPHORE, PERMITS], rounds, seconds)
         version = server.client().info("server")["redis_version"]
-    finally:
-        server.stop()
     cmd = "python bench/family.py" + (" --quick" if args.quick else "")
     print(f"Command: `{cmd}`; Redis {version}, Python {platform.python_version()}, "
           f"{rounds} round(s).\n")
