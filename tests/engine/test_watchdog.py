@@ -158,3 +158,41 @@ def test_a_holder_is_told_before_an_unrenewed_lease_can_run_out(own_server):
     finally:
         os.kill(own_server.proc.pid, signal.SIGCONT)
     client.close()
+
+
+def test_holds_of_every_kind_are_renewed_in_one_pipeline_per_sweep(r):
+    """Invariant 19: the watchdog groups holds per server, then per kind's renew script, and
+    maps each script's replies back to its own holds (a mix-up would mark some lost)."""
+    from django_rlock import FairLock, FencedLock, PermitExpirableSemaphore, ReadWriteLock
+
+    lost: list[str] = []
+    rw = ReadWriteLock(r, "mix:rw", watchdog_timeout=1.5, on_lost=lost.append)
+    locks = [RLock(r, "mix:plain", watchdog_timeout=1.5, on_lost=lost.append),
+             FairLock(r, "mix:fair", watchdog_timeout=1.5, on_lost=lost.append),
+             FencedLock(r, "mix:fenced", watchdog_timeout=1.5, on_lost=lost.append),
+             rw.read_lock(), ReadWriteLock(r, "mix:rw2", watchdog_timeout=1.5,
+                                           on_lost=lost.append).write_lock()]
+    sem = PermitExpirableSemaphore(r, "mix:sem", watchdog_timeout=1.5)
+    sem.try_set_permits(1)
+    wd = watchdog()
+    for lock in locks:
+        lock.lock()
+    permit = sem.acquire()
+    try:
+        trips, renewed = wd.round_trips, wd.renewed
+        time.sleep(4.0)  # about eight renewal periods (0.5 s)
+        sweeps = wd.round_trips - trips
+        assert lost == []
+        assert all(lock.is_held_by_current_thread() and not lock.is_lost() for lock in locks)
+        assert r.pttl("mix:plain") > 0 and r.pttl("mix:fair") > 0 and r.pttl("mix:rw") > 0
+        [read_lease] = r.keys("{mix:rw}:*:rwlock_timeout:1")  # the read hold's own lease
+        assert r.pttl(read_lease) > 0
+        assert sem.available_permits() == 0 and r.zscore("{mix:sem}:timeout",
+                                                          bytes.fromhex(permit)) is not None
+        # Six holds of five kinds: one pipeline per sweep renews them all.
+        assert 4 <= sweeps <= 12
+        assert wd.renewed - renewed >= 6 * sweeps - 6
+    finally:
+        for lock in locks:
+            lock.unlock()
+        sem.release(permit)
