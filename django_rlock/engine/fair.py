@@ -195,8 +195,6 @@ FAIR_GIVE_UP_SCRIPT = Script(FAIR_GIVE_UP)
 _allowance: ContextVar[int | None] = ContextVar("django_rlock_fair_allowance", default=None)
 
 
-def _with_kind(info: str) -> str:
-    return info[:-1] + ',"kind":"fair"}'
 
 
 class _Fair:
@@ -242,7 +240,7 @@ class _Fair:
         allowance = _allowance.get()
         if allowance is None:
             allowance = self._thread_wait_ms
-        return (ms, field, _with_kind(info), allowance, UNLOCK_MESSAGE)
+        return (ms, field, identity.with_kind(info, "fair"), allowance, UNLOCK_MESSAGE)
 
     def _wait_channel(self, field: str) -> bytes:
         return self._channel + b":" + field.encode()

@@ -68,8 +68,6 @@ def _granted_without_script(name: str, deadline: float | None) -> float | None:
     return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
-def _with_kind(info: str) -> str:
-    return info[:-1] + ',"kind":"fenced"}'
 
 
 class _Fenced:
@@ -114,7 +112,7 @@ class FencedLock(_Fenced, RLock):
         self._fence()
 
     def _info(self, owner: str) -> str:
-        return _with_kind(identity.thread_info(owner))
+        return identity.with_kind(identity.thread_info(owner), "fenced")
 
     def lock_and_get_token(self, lease_time: float | None = None) -> int:
         """Block until acquired; return this acquire's token.
@@ -175,7 +173,7 @@ class AsyncFencedLock(_Fenced, AsyncRLock):
         self._fence()
 
     def _info(self, owner: str) -> str:
-        return _with_kind(identity.task_info(owner))
+        return identity.with_kind(identity.task_info(owner), "fenced")
 
     async def lock_and_get_token(self, lease_time: float | None = None) -> int:
         """Wait until acquired; return this acquire's token (see ``FencedLock``)."""

@@ -172,3 +172,9 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def with_kind(info: str, kind: str) -> str:
+    """An index entry's holder JSON for a lock kind other than RLock: listing reads the kind
+    from it (``"kind"`` absent: a plain lock)."""
+    return f'{info[:-1]},"kind":"{kind}"}}'

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from . import pubsub
+from . import identity, pubsub
 from .aio import AsyncRLock
 from .lock import HoldKey, RLock
 from .naming import READ_UNLOCK_MESSAGE, RWLOCK_CHANNEL_PREFIX, UNLOCK_MESSAGE, prefix_name
@@ -233,8 +233,6 @@ FORCE_SCRIPT = Script(FORCE)
 _WRITE = ":write"
 
 
-def _with_kind(info: str) -> str:
-    return info[:-1] + ',"kind":"rw"}'
 
 
 class _RWKind:
@@ -274,7 +272,7 @@ class _RWKind:
     def _acquire_args(self, k: HoldKey, lease_ms: int | None, claim: bool = False) -> tuple[Any, ...]:
         # No hand-off here, so nothing to claim: a waiter's attempt is a plain acquire.
         ms, field, info = super()._acquire_args(k, lease_ms)[:3]  # type: ignore[misc]
-        return (ms, field, _with_kind(info))
+        return (ms, field, identity.with_kind(info, "rw"))
 
 
 class _ReadKind(_RWKind):
