@@ -432,6 +432,8 @@ def test_a_read_hold_whose_key_is_gone_is_lost(r, holders):
     read.lock()
     r.delete(tkey("lostread", identity.thread_owner(), 1))
     assert wait_until(read.is_lost, 2.0) is not None
+    # on_lost runs on the watchdog thread just after the hold is marked lost: wait for it too.
+    assert wait_until(lambda: lost, 2.0) is not None
     assert lost == ["lostread"] and other.call(other_read.is_lost) is False
     other.call(other_read.unlock)  # our stale field does not keep the lock
     assert not r.exists("lostread")
