@@ -24,6 +24,7 @@ from .lock import HoldKey, LockBase, log_masked_release, ttl_seconds
 from .naming import UNLOCK_MESSAGE
 from .scripts import (
     RELEASE_SCRIPT,
+    RENEW_SCRIPT,
     acall_once,
 )
 from .watchdog import server_id, watchdog
@@ -58,18 +59,19 @@ class AsyncRLock(LockBase):
     _info = staticmethod(identity.task_info)
 
     def _acquired(self, k: HoldKey, lease_ms: int | None, t0: float, thread: Any = None,
-                  task: Any = None) -> Any:
-        hold = super()._acquired(k, lease_ms, t0)
+                  grant_ms: int | None = None, task: Any = None) -> Any:
+        hold = super()._acquired(k, lease_ms, t0, grant_ms=grant_ms)
         if task is None:
             task = identity.acting_task()
         if hold.count == 1 and task is not None:
             task.add_done_callback(lambda _: self._task_done(k, hold))
         return hold
 
-    def _grant_callback(self, k: HoldKey, lease_ms: int | None, t0: float) -> Callable[[], None]:
+    def _grant_callback(self, k: HoldKey, lease_ms: int | None,
+                        t0: float) -> Callable[[int | None], None]:
         # A grant runs on the releasing thread or task: watch the waiter's own task.
         task = identity.acting_task()
-        return lambda: self._acquired(k, lease_ms, t0, task=task)
+        return lambda grant_ms=None: self._acquired(k, lease_ms, t0, grant_ms=grant_ms, task=task)
 
     def _task_done(self, k: HoldKey, hold: Any) -> None:
         """Its owner task finished while still holding: nobody can ever release it as that
@@ -95,10 +97,14 @@ class AsyncRLock(LockBase):
         wait = self._wait_budget(wait_time)
         return await self._acquire(wait, self._lease_ms(lease_time))
 
-    async def _attempt(self, k: HoldKey, lease_ms: int | None, t0: float,
-                       claim: bool = False) -> int | None:
-        fut = asyncio.ensure_future(self._send_acquire(k, self._acquire_args(k, lease_ms, claim),
-                                                       *await self._target()))
+    async def _attempt(self, k: HoldKey, lease_ms: int | None, t0: float, claim: bool = False,
+                       reg: tuple[str, float | None] | None = None) -> int | None:
+        args = self._acquire_args(k, lease_ms, claim)
+        keys = self._acquire_keys
+        if reg is not None:
+            args = args[:3] + self._register_args(reg[0], reg[1], self._grant_ms(lease_ms), claim)
+            keys = self._wait_keys
+        fut = asyncio.ensure_future(self._send_acquire(k, args, *await self._target(), keys))
         try:
             # Cancelling the caller must not cancel a round trip Redis may already have run.
             ttl = await asyncio.shield(fut)
@@ -117,14 +123,14 @@ class AsyncRLock(LockBase):
         return n, self._sync_target(n)
 
     async def _send_acquire(self, k: HoldKey, args: tuple[Any, ...], connected: int,
-                            target: tuple[int, int] | None) -> Any:
+                            target: tuple[int, int] | None, keys: tuple[Any, ...] = ()) -> Any:
         """The acquire round trip (with WAIT on a master with replicas; undone and raised if
         too few acknowledge): one unit, so cancellation shields the undo too."""
+        keys = keys or self._acquire_keys
         if target is None:
-            return self._ttl_of(await acall_once(self._client, self._ACQUIRE,
-                                                 self._acquire_keys, args))
+            return self._ttl_of(await acall_once(self._client, self._ACQUIRE, keys, args))
         try:
-            reply, acked = await acall_once(self._client, self._ACQUIRE, self._acquire_keys,
+            reply, acked = await acall_once(self._client, self._ACQUIRE, keys,
                                             args, self._wait_args(target))
         except RedisConnectionError:
             replicas.forget(self._server)  # a failover: the new master has other replicas
@@ -184,20 +190,52 @@ class AsyncRLock(LockBase):
         t0 = time.monotonic()
         k = (self._server, self.key, self._field())
         park_until = self._park_first_until(k, wait)
+        deadline = None if wait is None else t0 + wait
+        token = self._new_token(k[2]) if self._HANDOFF and wait != 0 else None
+        registered = False
         if not park_until:
-            if await self._attempt(k, lease_ms, t0) is None:
+            heard = token is not None and self._grants_heard()
+            reg = None if token is None else (token, deadline)
+            try:
+                ttl = await self._attempt(k, lease_ms, t0, reg=reg)
+            except asyncio.CancelledError:
+                if token is not None:  # it may have registered: take it out of line
+                    self._spawn(self._withdraw(k, token))
+                raise
+            if ttl is None:
                 return True
             if wait == 0:
                 return False
-        return await self._wait(k, lease_ms, wait, park_until, t0)
+            registered = token is not None
+            if heard:
+                # In line now, and a grant to us will be heard: sleep until it comes (or the
+                # holder's lease ends) instead of asking again.
+                park_until = time.monotonic() + (waiting.park_timeout(ttl, deadline) or 3600.0)
+        return await self._wait(k, lease_ms, wait, park_until, t0, token, registered, deadline)
+
+    async def _withdraw(self, k: HoldKey, token: str) -> None:
+        self._withdrawn(await acall_once(self._client, RELEASE_SCRIPT, self._release_keys,
+                                         self._withdraw_args(k[2], token)))
 
     async def _wait(self, k: HoldKey, lease_ms: int | None, wait: float | None,
-                    park_until: float, t0: float) -> bool:
-        async def attempt(claim: bool) -> int | None:
-            return await self._attempt(k, lease_ms, t0, claim)
+                    park_until: float, t0: float, token: str | None = None,
+                    registered: bool = False, deadline: float | None = None) -> bool:
+        reg = None if token is None else (token, deadline)
 
-        return await waiting.await_(self._waiting(k, lease_ms, t0), attempt, wait, self.unlock,
-                                    park_until)
+        async def attempt(claim: bool) -> int | None:
+            return await self._attempt(k, lease_ms, t0, claim, reg)
+
+        async def withdraw() -> None:
+            assert token is not None
+            await self._withdraw(k, token)
+
+        got = await waiting.await_(self._waiting(k, lease_ms, t0, token, registered), attempt,
+                                   wait, self.unlock, park_until,
+                                   None if token is None else withdraw)
+        top_up = self._top_up(k) if got else None
+        if top_up is not None:
+            await acall_once(self._client, RENEW_SCRIPT, (self.key,), top_up)
+        return got
 
     # -- releasing ------------------------------------------------------------------------
     async def unlock(self) -> None:

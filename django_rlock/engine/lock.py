@@ -6,6 +6,7 @@ Waiting is pub/sub driven (``pubsub``), renewal is the process watchdog's (``wat
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import threading
@@ -19,8 +20,22 @@ from redis.exceptions import ResponseError
 
 from . import events, identity, pubsub, replicas, waiting
 from .errors import LockNotOwnedError, LockNotSyncedError
-from .naming import UNLOCK_MESSAGE, index_key, lock_channel
-from .scripts import ACQUIRE_SCRIPT, FORCE_UNLOCK_SCRIPT, RELEASE_SCRIPT, Script, call_once
+from .naming import (
+    UNLOCK_MESSAGE,
+    grant_channel,
+    handoff_queue,
+    handoff_waiters,
+    index_key,
+    lock_channel,
+)
+from .scripts import (
+    ACQUIRE_SCRIPT,
+    FORCE_UNLOCK_SCRIPT,
+    RELEASE_SCRIPT,
+    RENEW_SCRIPT,
+    Script,
+    call_once,
+)
 from .watchdog import HoldKind, server_id, watchdog
 
 logger = logging.getLogger("django_rlock")
@@ -32,6 +47,13 @@ SUBSCRIBE_TIMEOUT = waiting.SUBSCRIBE_TIMEOUT
 YIELD_WINDOW = 0.005
 
 _yield_until: dict[tuple[Any, str], float] = {}
+
+#: A registered waiter's entry outlives the holder's PTTL it saw by this much (ms): it
+#: re-registers on its next attempt, at that PTTL, well before; a waiter that died is skipped
+#: once it is past.
+REGISTRATION_SLACK_MS = 5000
+
+_wait_serials = itertools.count(1)
 
 HoldKey = tuple[Any, str, str]
 
@@ -75,7 +97,8 @@ class LockBase:
     _RELEASE: Script = RELEASE_SCRIPT
     #: Force unlock: KEYS ``_release_keys``, ARGV ``_force_args``; reply 1 = deleted.
     _FORCE: Script = FORCE_UNLOCK_SCRIPT
-    #: A release may hand the lock straight to a waiting thread of this process.
+    #: A release may hand the lock straight to a waiting thread of this process, and grant it
+    #: to a waiter registered in the hand-off queue by its failed attempt (any process's).
     _HANDOFF = True
     #: How many waiters one message on the wait channel wakes (None: one; see pubsub).
     _WAKES: Callable[[Any], int] | None = None
@@ -116,6 +139,13 @@ class LockBase:
         #: KEYS of the acquire and release scripts (lock, index; lock, channel, index).
         self._acquire_keys: tuple[Any, ...] = (self.key, self._index)
         self._release_keys: tuple[Any, ...] = (self.key, self._channel, self._index)
+        if self._HANDOFF:
+            self._grant_channel = grant_channel(self.key).encode()
+            queue, waiters = handoff_queue(self.key), handoff_waiters(self.key)
+            #: A waiter's attempt (it may register); the release that may grant.
+            self._wait_keys: tuple[Any, ...] = (self.key, self._index, queue, waiters)
+            self._release_keys = (self.key, self._channel, self._index, queue, waiters,
+                                  self._grant_channel)
         self._on_lost = on_lost
         #: What metrics and events call this lock: a bounded set (a template), unlike names.
         self.label = label
@@ -155,6 +185,49 @@ class LockBase:
 
     def _release_args(self, field: str, lease_ms: int) -> tuple[Any, ...]:
         return (field, lease_ms, UNLOCK_MESSAGE)
+
+    # -- the cross-process hand-off ---------------------------------------------------------
+    def _grant_ms(self, lease_ms: int | None) -> int:
+        """The lease a release grants this waiter with: short, so a heir that died costs little;
+        its watchdog renews it early (``Watchdog.acquired``)."""
+        full = self._watchdog_ms if lease_ms is None else lease_ms
+        return min(full, max(1, int(pubsub.GRANT_LEASE * 1000)))
+
+    def _register_args(self, token: str, deadline: float | None, grant_ms: int,
+                       claim: bool) -> tuple[Any, ...]:
+        """ARGV[4:] of an attempt that registers the caller if it fails."""
+        budget = -1 if deadline is None else max(0, math.ceil((deadline - time.monotonic()) * 1000))
+        return ("claim" if claim else "", token, budget, REGISTRATION_SLACK_MS, grant_ms)
+
+    def _new_token(self, field: str) -> str:
+        return f"{field}#{next(_wait_serials)}"
+
+    def _withdraw_args(self, field: str, token: str) -> tuple[Any, ...]:
+        """A waiter giving up: its release if a grant reached it in Redis, else its entry out."""
+        return (field, self._watchdog_ms, UNLOCK_MESSAGE, "", 0, 0, "", token,
+                identity.process_id())
+
+    def _grants_heard(self) -> bool:
+        """Whether a grant published now would reach this process's queue for the lock (then a
+        waiter whose first attempt registered it may park at once)."""
+        mgr = pubsub.existing_manager(self._sync_client)
+        return mgr is not None and mgr.grants_heard(self._channel)
+
+    def _top_up(self, k: HoldKey) -> tuple[Any, ...] | None:
+        """RENEW args that give a lease-mode hold, granted with the short grant lease, the rest
+        of its own lease before the caller hears it holds the lock (None: nothing to do)."""
+        hold = watchdog().get(k)
+        if hold is None or not hold.top_up_ms or hold.renew:
+            return None
+        hold.top_up_ms = 0
+        return (k[2], max(1, int((hold.expires_at - time.monotonic()) * 1000)))
+
+    def _withdrawn(self, r: Any) -> None:
+        """A withdrawal's reply: if it gave a grant of ours back, it went on like a release."""
+        if isinstance(r, (bytes, str)):
+            mgr = pubsub.existing_manager(self._sync_client)
+            if mgr is not None:
+                mgr.granted(self._channel, r)
 
     def _force_args(self) -> tuple[Any, ...]:
         return (UNLOCK_MESSAGE,)
@@ -215,22 +288,23 @@ class LockBase:
         raise NotImplementedError
 
     def _acquired(self, k: HoldKey, lease_ms: int | None, t0: float,
-                  thread: threading.Thread | None = None) -> Any:
+                  thread: threading.Thread | None = None, grant_ms: int | None = None) -> Any:
         # Registered before the caller hears of it, so no unlock can run ahead of it.
         renew = lease_ms is None
         hold = watchdog().acquired(k, self._sync_client, self.name,
                                    self._watchdog_ms if renew else lease_ms, renew,
                                    self.watchdog_timeout, self._on_lost, thread=thread,
                                    label=self.label, scripts_keys=self._release_keys,
-                                   kind=self._hold_kind)
+                                   kind=self._hold_kind, grant_ms=grant_ms)
         if events.listeners and hold.count == 1:
             events.emit("acquired", name=self.name, key=self.key, label=self.label, owner=k[2],
                         wait=time.monotonic() - t0,
                         lease=None if renew else lease_ms / 1000.0)  # type: ignore[operator]
         return hold
 
-    def _grant_callback(self, k: HoldKey, lease_ms: int | None, t0: float) -> Callable[[], None]:
-        return lambda: self._acquired(k, lease_ms, t0)
+    def _grant_callback(self, k: HoldKey, lease_ms: int | None,
+                        t0: float) -> Callable[[int | None], None]:
+        return lambda grant_ms=None: self._acquired(k, lease_ms, t0, grant_ms=grant_ms)
 
     def _park_first_until(self, k: HoldKey, wait: float | None) -> float:
         """0.0 to attempt at once; else the time to park until before the first attempt.
@@ -253,7 +327,8 @@ class LockBase:
                 _yield_until.pop((self._server, self.key), None)
         return until
 
-    def _waiting(self, k: HoldKey, lease_ms: int | None, t0: float) -> waiting.Wait:
+    def _waiting(self, k: HoldKey, lease_ms: int | None, t0: float, token: str | None = None,
+                 registered: bool = False) -> waiting.Wait:
         """This lock's wait: its channel, and what a hand-off to the waiter needs."""
         if not self._HANDOFF:
             return waiting.Wait(self._sync_client, self._wait_channel(k[2]), self.key,
@@ -261,7 +336,9 @@ class LockBase:
         return waiting.Wait(self._sync_client, self._channel, self.key, owner=k[2],
                             lease_ms=self._watchdog_ms if lease_ms is None else lease_ms,
                             on_grant=self._grant_callback(k, lease_ms, t0),
-                            info=self._info(k[2]))
+                            info=self._info(k[2]), grant=self._grant_channel,
+                            token=None if token is None else token.encode(),
+                            registered=registered, grant_ms=self._grant_ms(lease_ms))
 
     # -- release bookkeeping --------------------------------------------------------------
     def _release_plan(self, k: HoldKey) -> _Release:
@@ -277,12 +354,22 @@ class LockBase:
         args: tuple[Any, ...] = self._release_args(k[2], plan.lease_ms)
         if plan.heir is not None:
             args += (plan.heir.owner, plan.heir.lease_ms, 1, plan.heir.info)
+        if self._HANDOFF:
+            if plan.heir is None:
+                args += ("", 0, 0, "")
+            args += ("", identity.process_id())
         plan.args = args
         return plan
 
     def _release_failed(self, plan: _Release) -> None:
         watchdog().released(plan.k, plan.hold, fully=False)
         self._settle(plan, None)
+        if self._HANDOFF and (plan.hold is None or plan.hold.count <= 0):
+            # The outcome is unknown: it may have granted the lock to a waiter of ours, without
+            # a message (the reply was to say so). One of them asks (a claim finds out).
+            mgr = pubsub.existing_manager(self._sync_client)
+            if mgr is not None:
+                mgr.wake(self._channel)
 
     def _release_done(self, plan: _Release, r: Any) -> pubsub.Waiter | None:
         """Book a release reply; returns a waiter to release on behalf of, if any."""
@@ -294,6 +381,13 @@ class LockBase:
             raise LockNotOwnedError(
                 f"cannot unlock {self.name!r}: it is not held by this owner ({plan.k[2]}); it was "
                 f"never acquired, its lease expired, or it was lost or force-unlocked", self.name)
+        if isinstance(r, (bytes, str)):  # granted to a registered waiter
+            wd.released(plan.k, plan.hold, fully=True)
+            if events.listeners:
+                since = plan.hold.since if plan.hold is not None else time.monotonic()
+                events.emit("released", name=self.name, key=self.key, label=self.label,
+                            owner=plan.k[2], held=time.monotonic() - since, reason="unlock")
+            return self._settle(plan, r)
         r = int(r)
         wd.released(plan.k, plan.hold, fully=r != 0)
         if r != 0 and events.listeners:
@@ -302,18 +396,25 @@ class LockBase:
                         owner=plan.k[2], held=time.monotonic() - since, reason="unlock")
         return self._settle(plan, r)
 
-    def _settle(self, plan: _Release, r: int | None) -> pubsub.Waiter | None:
-        """Tell the pub/sub side what the release did: hand-off, publish, or nothing."""
-        published = r is not None and r > 0 and self._HANDOFF
+    def _settle(self, plan: _Release, r: int | bytes | str | None) -> pubsub.Waiter | None:
+        """Tell the pub/sub side what the release did: hand-off, grant, publish, or nothing."""
+        token = r if isinstance(r, (bytes, str)) else None
+        published = token is None and r is not None and r > 0 and self._HANDOFF  # type: ignore[operator]
         mgr, heir = plan.mgr, plan.heir
         orphan = None
         if mgr is not None:
             try:
                 if plan.echo and not published:
                     mgr.cancel_echo(self._channel)
+                if token is not None:
+                    # Granted to a registered waiter: if it is one of ours, it owns the lock
+                    # now (its grant message, when it comes, finds it served).
+                    mgr.granted(self._channel, token)
             finally:
                 # Always settled, or the heir would wait for the outcome forever. An unknown
-                # outcome (r None) is "not granted": the heir's own claim finds out.
+                # outcome (r None) is "not granted": the heir's own claim finds out. Not
+                # granted because a registered waiter came first: the heir retries, and so
+                # takes its place in line.
                 if heir is not None and not mgr.resolve(self._channel, heir, r == -1):
                     orphan = heir  # it left before the hand-off settled: release for it
         if published:
@@ -403,13 +504,15 @@ class RLock(LockBase):
     _info = staticmethod(identity.thread_info)
 
     def _acquired(self, k: HoldKey, lease_ms: int | None, t0: float,
-                  thread: threading.Thread | None = None) -> Any:
-        return super()._acquired(k, lease_ms, t0, thread or threading.current_thread())
+                  thread: threading.Thread | None = None, grant_ms: int | None = None) -> Any:
+        return super()._acquired(k, lease_ms, t0, thread or threading.current_thread(), grant_ms)
 
-    def _grant_callback(self, k: HoldKey, lease_ms: int | None, t0: float) -> Callable[[], None]:
-        # A grant runs on the releasing thread: the hold belongs to the waiting one (this one).
+    def _grant_callback(self, k: HoldKey, lease_ms: int | None,
+                        t0: float) -> Callable[[int | None], None]:
+        # A grant runs on the releasing or the listener thread: the hold belongs to the
+        # waiting one (this one).
         waiter = threading.current_thread()
-        return lambda: self._acquired(k, lease_ms, t0, waiter)
+        return lambda grant_ms=None: self._acquired(k, lease_ms, t0, waiter, grant_ms)
 
     # -- acquiring ------------------------------------------------------------------------
     def lock(self, lease_time: float | None = None) -> None:
@@ -431,20 +534,27 @@ class RLock(LockBase):
             return self._acquire(None, None)
         return self._acquire(check_seconds(timeout, "timeout", self.name, zero_ok=True), None)
 
-    def _attempt(self, k: HoldKey, lease_ms: int | None, t0: float,
-                 claim: bool = False) -> int | None:
-        """One acquire round trip: None when acquired, else the holder's PTTL in ms.
+    def _attempt(self, k: HoldKey, lease_ms: int | None, t0: float, claim: bool = False,
+                 reg: tuple[str, float | None] | None = None) -> int | None:
+        """One acquire round trip: None when acquired, else the holder's PTTL in ms (or
+        ``CLAIMED``: a grant reached this waiter, booked by the wait).
 
-        With replicas, WAIT rides in the same round trip; too few acknowledgements undo the
-        acquire (one more round trip) and raise ``LockNotSyncedError``.
+        ``reg=(token, deadline)``: a waiter's attempt, which registers it in the hand-off
+        queue if it fails. With replicas, WAIT rides in the same round trip; too few
+        acknowledgements undo the acquire (one more round trip) and raise
+        ``LockNotSyncedError``.
         """
         args = self._acquire_args(k, lease_ms, claim)
+        keys = self._acquire_keys
+        if reg is not None:
+            args = args[:3] + self._register_args(reg[0], reg[1], self._grant_ms(lease_ms), claim)
+            keys = self._wait_keys
         connected, target = self._target()
         if target is None:
-            ttl = self._ttl_of(call_once(self._client, self._ACQUIRE, self._acquire_keys, args))
+            ttl = self._ttl_of(call_once(self._client, self._ACQUIRE, keys, args))
         else:
             try:
-                reply, acked = call_once(self._client, self._ACQUIRE, self._acquire_keys, args,
+                reply, acked = call_once(self._client, self._ACQUIRE, keys, args,
                                          self._wait_args(target))
             except RedisConnectionError:
                 replicas.forget(self._server)  # a failover: the new master has other replicas
@@ -464,18 +574,43 @@ class RLock(LockBase):
         t0 = time.monotonic()
         k = (self._server, self.key, self._field())
         park_until = self._park_first_until(k, wait)
+        deadline = None if wait is None else t0 + wait
+        token = self._new_token(k[2]) if self._HANDOFF and wait != 0 else None
+        registered = False
         if not park_until:
-            if self._attempt(k, lease_ms, t0) is None:
+            heard = token is not None and self._grants_heard()
+            ttl = (self._attempt(k, lease_ms, t0) if token is None
+                   else self._attempt(k, lease_ms, t0, reg=(token, deadline)))
+            if ttl is None:
                 return True
             if wait == 0:
                 return False
-        return self._wait(k, lease_ms, wait, park_until, t0)
+            registered = token is not None
+            if heard:
+                # In line now, and a grant to us will be heard: sleep until it comes (or the
+                # holder's lease ends) instead of asking again.
+                park_until = time.monotonic() + (waiting.park_timeout(ttl, deadline) or 3600.0)
+        return self._wait(k, lease_ms, wait, park_until, t0, token, registered, deadline)
 
     def _wait(self, k: HoldKey, lease_ms: int | None, wait: float | None,
-              park_until: float, t0: float) -> bool:
-        return waiting.wait(self._waiting(k, lease_ms, t0),
-                            lambda claim: self._attempt(k, lease_ms, t0, claim),
-                            wait, self.unlock, park_until)
+              park_until: float, t0: float, token: str | None = None, registered: bool = False,
+              deadline: float | None = None) -> bool:
+        if token is None:
+            return waiting.wait(self._waiting(k, lease_ms, t0),
+                                lambda claim: self._attempt(k, lease_ms, t0, claim),
+                                wait, self.unlock, park_until)
+
+        def withdraw() -> None:
+            self._withdrawn(call_once(self._client, RELEASE_SCRIPT, self._release_keys,
+                                      self._withdraw_args(k[2], token)))
+
+        got = waiting.wait(self._waiting(k, lease_ms, t0, token, registered),
+                           lambda claim: self._attempt(k, lease_ms, t0, claim, (token, deadline)),
+                           wait, self.unlock, park_until, withdraw)
+        top_up = self._top_up(k) if got else None
+        if top_up is not None:
+            call_once(self._client, RENEW_SCRIPT, (self.key,), top_up)
+        return got
 
     # -- releasing ------------------------------------------------------------------------
     def unlock(self) -> None:

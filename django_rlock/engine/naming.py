@@ -20,6 +20,35 @@ def lock_channel(key: str) -> str:
     return _prefixed(LOCK_CHANNEL_PREFIX, key)
 
 
+# The cross-process hand-off (docs/engine.md, "Hand-off between processes"): waiters that
+# failed an attempt queue here, and a release grants the lock to the first live one.
+HANDOFF_QUEUE_PREFIX = "rlock_handoff_queue"
+HANDOFF_WAITERS_PREFIX = "rlock_handoff_waiters"
+GRANT_CHANNEL_PREFIX = "rlock_handoff_channel"
+
+
+def _own(prefix: str, key: str) -> str:
+    # The brace rule (one slot with the key), but never shared by K and {K} as a channel is:
+    # a braced key's name takes "!" where a wrapped one takes ":".
+    return f"{prefix}!{key}" if "{" in key else f"{prefix}:{{{key}}}"
+
+
+def handoff_queue(key: str) -> str:
+    """The list of registered waiters' tokens, in the order they first failed an attempt."""
+    return _own(HANDOFF_QUEUE_PREFIX, key)
+
+
+def handoff_waiters(key: str) -> str:
+    """Token -> "<deadline ms> <grant lease ms> <holder info>" for each registered waiter."""
+    return _own(HANDOFF_WAITERS_PREFIX, key)
+
+
+def grant_channel(key: str) -> str:
+    """Where a release names the waiter it granted the lock to. Only django-rlock listens:
+    a Redisson client sees nothing it does not understand on its own channel."""
+    return _prefixed(GRANT_CHANNEL_PREFIX, key)
+
+
 INDEX_PREFIX = "rlock-index"
 
 

@@ -40,6 +40,14 @@ HANDOFF_TIMEOUT = 5.0
 _HOUSEKEEPING = 1.0
 _PING_AFTER = 30.0
 _PONG_TIMEOUT = 5.0
+#: Longest a grant lease lasts (seconds): a waiter granted the lock by a release holds it for
+#: this long (or its own lease, if shorter) until it renews (its watchdog does so early).
+GRANT_LEASE = 3.0
+#: After a grant to another process's waiter: if no message on the lock's channels follows
+#: within this long, the heir may have died unannounced; one waiter here re-checks.
+GRANT_WATCH = GRANT_LEASE + 0.5
+#: Seconds a grant to a waiter of ours that has not joined its queue yet is kept for it.
+_EARLY_KEEP = 10.0
 
 
 class Waiter:
@@ -53,12 +61,13 @@ class Waiter:
 
     __slots__ = ("_park", "_loop", "_event", "signaled", "reserved", "granted", "abandoned",
                  "attempting", "key", "owner", "lease_ms", "on_grant", "info", "detached",
-                 "seen")
+                 "seen", "token", "registered", "grant_ms")
 
     def __init__(self, owner: str = "", lease_ms: int = 0,
-                 on_grant: Callable[[], None] | None = None,
+                 on_grant: Callable[[int | None], None] | None = None,
                  loop: asyncio.AbstractEventLoop | None = None, key: str = "",
-                 info: str = "") -> None:
+                 info: str = "", token: bytes | None = None, registered: bool = False,
+                 grant_ms: int = 0) -> None:
         self._loop = loop
         if loop is None:
             self._park = threading.Lock()
@@ -77,6 +86,12 @@ class Waiter:
         self.info = info  # what the index shows about it once handed the lock
         self.detached = False
         self.seen = 0  # its channel's message count when its last attempt began
+        #: The cross-process hand-off: the token its failed attempts register under,
+        #: whether an entry may be live in Redis (a give-up must withdraw it), and the short
+        #: lease a release grants it with.
+        self.token = token
+        self.registered = registered
+        self.grant_ms = grant_ms
 
     def park(self, timeout: float | None) -> None:
         if timeout is None:
@@ -123,10 +138,17 @@ class Channel:
 
     __slots__ = ("name", "queue", "active", "pending", "refs", "want", "confirmed",
                  "idle_since", "expires_hint", "echoes", "confirm_futures", "wakes",
-                 "messages")
+                 "messages", "grant", "grant_want", "grant_watch")
 
     def __init__(self, name: bytes, wakes: WakePolicy | None = None) -> None:
         self.name = name
+        #: The grant channel, subscribed beside ``name`` once a waiter that can be granted the
+        #: lock by another process joins (``naming.grant_channel``), and its confirmation.
+        self.grant: bytes | None = None
+        self.grant_want = 0
+        #: When a grant to another process's waiter should have been followed by a message
+        #: (its release) if that waiter is alive: past it, one waiter here re-checks.
+        self.grant_watch = 0.0
         #: How many waiters a message wakes (None: one, the lock's rule, with echoes and
         #: hand-off). A kind whose message means more (a write unlock, new permits, a latch
         #: at zero) says so here; its waiters retry and re-park like any other.
@@ -289,11 +311,25 @@ class Slot:
         w.seen = self.channel.messages
         return False
 
+    def claim(self) -> bool:
+        """A claim attempt found the lock granted to us (``scripts.CLAIMED``): book it unless
+        the grant's message already did. Always True: we hold it."""
+        with self._mgr._lock:
+            w = self._waiter
+            w.attempting = False
+            if not w.granted:
+                self._mgr._take_grant(self.channel, w, None)
+            return True
+
     def attempted(self, acquired: bool, ttl_ms: int | None = None) -> bool:
         """Record the outcome of a retry. True means: retry again now, do not park."""
         ch, w = self.channel, self._waiter
         with self._mgr._lock:
             w.attempting = False
+            if w.token is not None:
+                w.registered = not acquired  # a failed attempt with a token registers it
+            if w.granted:
+                return False  # granted while the attempt was in flight: the park returns at once
             if ttl_ms is not None and ttl_ms >= 0:
                 ch.expires_hint = time.monotonic() + ttl_ms / 1000.0
             if not acquired and ch.wakes is not None and ch.messages != w.seen:
@@ -332,8 +368,16 @@ class Slot:
         """``leave`` for an asyncio waiter."""
         return bool(await self._asettled(self._leave_locked, abandon_on_cancel=True))
 
+    @property
+    def registered(self) -> bool:
+        """After ``leave``: an entry of ours may still be in the hand-off queue in Redis (or a
+        grant to us be under way there), so a waiter that gives up must withdraw it."""
+        return self._waiter.registered and not self._waiter.granted
+
     def _leave_locked(self) -> bool:
         ch, w = self.channel, self._waiter
+        if w.token is not None:
+            self._mgr._tokens.pop(w.token, None)  # a grant message from now on finds nobody
         if w.reserved:
             pass  # abandoned (cancelled twice): the releasing thread settles it
         elif w.signaled:
@@ -346,6 +390,10 @@ class Slot:
                 ch.queue.remove(w)
             except ValueError:
                 pass
+            if not w.granted and w.token is not None and ch.queue:
+                # Its turn may have been the next grant: one waiter of ours that may not be
+                # registered yet (it parked first) takes its place in line.
+                ch.wake_one()
         ch.refs -= 1
         if ch.refs == 0:
             ch.idle_since = time.monotonic()
@@ -368,6 +416,14 @@ class PubSubManager:
         self._ping_at = 0.0  # when a PING went out that no reply has followed yet
         #: Heirs of hand-offs in flight: channel, and since when (see ``_detach_overdue``).
         self._reserved: dict[Waiter, tuple[bytes, float]] = {}
+        #: Waiters that can be granted the lock by any process's release, by token.
+        self._tokens: dict[bytes, Waiter] = {}
+        #: Grants to a token of this process whose waiter has not joined yet (its first,
+        #: registering attempt raced the release): since when (pruned after ``_EARLY_KEEP``).
+        self._early: dict[bytes, float] = {}
+        #: Grant channel -> its lock channel's queue.
+        self._grants: dict[bytes, Channel] = {}
+        self._token_prefix = identity.process_id().encode()
         #: Reconnections so far (read by tests).
         self.reconnects = 0
 
@@ -379,6 +435,12 @@ class PubSubManager:
     def subscribed(self, channel: bytes) -> bool:
         ch = self._channels.get(channel)
         return ch is not None and self._connected and ch.confirmed.is_set()
+
+    def grants_heard(self, channel: bytes) -> bool:
+        """A grant on ``channel``'s grant channel published now would reach us."""
+        ch = self._channels.get(channel)
+        return (ch is not None and ch.grant is not None and self._connected
+                and ch.confirmed.is_set())
 
     def wake(self, channel: bytes, data: Any = b"0") -> None:
         """A release in this process freed the lock: wake a local waiter without waiting
@@ -398,7 +460,10 @@ class PubSubManager:
             ch = self._channels.get(channel)
             if (ch is None or not ch.queue or ch.active or not self._connected
                     or not ch.confirmed.is_set() or ch.queue[0].attempting
-                    or ch.queue[0].key != key or not ch.queue[0].owner):
+                    or ch.queue[0].key != key or not ch.queue[0].owner
+                    or ch.queue[0].registered):
+                # (Registered: it is in the hand-off queue in Redis, where the release script
+                # finds it in its turn.)
                 # (No owner: a waiter of another kind on the same channel, e.g. a FencedLock,
                 # whose acquire must run its own script: never handed an RLock grant.)
                 return None
@@ -468,6 +533,51 @@ class PubSubManager:
                 w._signal()
             return True
 
+    # -- the cross-process hand-off ------------------------------------------------------
+    def _take_grant(self, ch: Channel, w: Waiter, grant_ms: int | None) -> bool:
+        """Under the lock: ``w`` was granted the lock in Redis; it owns it from now on. Books
+        the hold (``on_grant``) before the waiter can see it. False if the waiter is gone."""
+        if w.signaled:
+            w.signaled = False
+            ch.active -= 1
+        else:
+            try:
+                ch.queue.remove(w)
+            except ValueError:
+                pass
+        w.registered = False
+        if not w._unpark():
+            return False  # its event loop closed: the grant's short lease ends it
+        if w.on_grant is not None:
+            w.on_grant(grant_ms)
+        w.granted = True
+        return True
+
+    def granted(self, channel: bytes, token: Any) -> None:
+        """A release (ours, or another process's, through the grant channel) granted the lock
+        to ``token``: if the waiter is ours, it owns the lock now, without a command. Each grant
+        is taken once, whichever way it arrives first (the reply, the message, a claim)."""
+        if isinstance(token, str):
+            token = token.encode()
+        now = time.monotonic()
+        with self._lock:
+            ch = self._channels.get(channel)
+            w = self._tokens.get(token)
+            if w is None or ch is None:
+                if token.startswith(self._token_prefix):
+                    if ch is not None:
+                        ch.grant_watch = 0.0
+                    self._early[token] = now  # its waiter is about to join (see ``enter``)
+                elif ch is not None:
+                    # Another process's waiter: if it died before it could take the lock, its
+                    # grant expires unannounced; one of ours re-checks just after that.
+                    ch.grant_watch = now + GRANT_WATCH
+                return
+            ch.grant_watch = 0.0
+            if w.granted or w.reserved:
+                return  # taken already; or our own release's heir, which ``resolve`` settles
+            self._take_grant(ch, w, w.grant_ms)
+
     def confirmation(self, slot: Slot, loop: asyncio.AbstractEventLoop) -> asyncio.Future[None] | None:
         """A future resolved when the slot's subscription is confirmed (None: it already is).
 
@@ -507,16 +617,20 @@ class PubSubManager:
         return ch.expires_hint if ch is not None else 0.0
 
     def enter(self, channel: bytes, owner: str = "", lease_ms: int = 0,
-              on_grant: Callable[[], None] | None = None,
+              on_grant: Callable[[int | None], None] | None = None,
               loop: asyncio.AbstractEventLoop | None = None, key: str = "",
-              info: str = "", wakes: WakePolicy | None = None) -> Slot:
+              info: str = "", wakes: WakePolicy | None = None, grant: bytes | None = None,
+              token: bytes | None = None, registered: bool = False,
+              grant_ms: int = 0) -> Slot:
         """Join the channel's queue, subscribing if needed. Pair with ``Slot.leave()``.
 
         ``owner``, ``lease_ms``, ``on_grant`` and ``info`` let a releasing thread of this
         process hand the lock straight to this waiter (see ``reserve``). ``wakes``: how many
-        waiters one message on this channel wakes (default: one).
+        waiters one message on this channel wakes (default: one). ``grant`` (the grant
+        channel), ``token`` and ``grant_ms``: any process's release may grant it the lock
+        (``registered``: its first attempt already put it in line).
         """
-        w = Waiter(owner, lease_ms, on_grant, loop, key, info)
+        w = Waiter(owner, lease_ms, on_grant, loop, key, info, token, registered, grant_ms)
         with self._lock:
             ch = self._channels.get(channel)
             if ch is None:
@@ -525,6 +639,15 @@ class PubSubManager:
                 ch.wakes = wakes
             ch.refs += 1
             ch.queue.append(w)
+            if grant is not None and ch.grant is None:
+                ch.grant = grant
+                self._grants[grant] = ch
+                if ch.want:
+                    self._subscribe_grant_locked(ch)
+            if token is not None:
+                self._tokens[token] = w
+                if self._early.pop(token, None) is not None:
+                    self._take_grant(ch, w, grant_ms)  # granted before it got here
             if ch.want == 0 or not self._connected:
                 self._subscribe_locked(ch)
             if self._thread is None:
@@ -551,14 +674,36 @@ class PubSubManager:
     def _subscribe_locked(self, ch: Channel) -> None:
         if not self._connected:
             return  # the listener subscribes every channel when it (re)connects
+        # One SUBSCRIBE for the channel and its grant channel: a release script's NUMSUB
+        # then never sees one of ours on the first but not yet on the second (a "foreign"
+        # waiter, which makes it free the lock instead of granting it).
+        names = (ch.name,) if ch.grant is None else (ch.name, ch.grant)
         try:
-            self._conn.send_command("SUBSCRIBE", ch.name, check_health=False)
+            self._conn.send_command("SUBSCRIBE", *names, check_health=False)
         except Exception:
             self._connected = False
             self._conn.disconnect()
             return
         n = self._sent[ch.name] = self._sent.get(ch.name, 0) + 1
         ch.want = n
+        if ch.grant is not None:
+            ch.grant_want = self._sent[ch.grant] = self._sent.get(ch.grant, 0) + 1
+        self._last_io = time.monotonic()
+
+    def _subscribe_grant_locked(self, ch: Channel) -> None:
+        """The channel is subscribed already (a waiter of a kind without hand-off came first):
+        add its grant channel; waiters joining from now on wait for that confirmation too."""
+        assert ch.grant is not None
+        if not self._connected:
+            return
+        try:
+            self._conn.send_command("SUBSCRIBE", ch.grant, check_health=False)
+        except Exception:
+            self._connected = False
+            self._conn.disconnect()
+            return
+        ch.grant_want = self._sent[ch.grant] = self._sent.get(ch.grant, 0) + 1
+        ch.confirmed.clear()
         self._last_io = time.monotonic()
 
     def _connect(self) -> None:
@@ -580,11 +725,15 @@ class PubSubManager:
                     pass
             self._sent.clear()
             self._acked.clear()
-            names = list(self._channels)
+            names = []
             for ch in self._channels.values():
                 ch.confirmed.clear()
                 ch.want = 1
                 ch.echoes = 0
+                names.append(ch.name)
+                if ch.grant is not None:
+                    ch.grant_want = 1
+                    names.append(ch.grant)
             if names:
                 self._conn.send_command("SUBSCRIBE", *names, check_health=False)
                 for name in names:
@@ -637,23 +786,33 @@ class PubSubManager:
         name = reply[1]
         if isinstance(name, str):
             name = name.encode()
+        grant: tuple[bytes, Any] | None = None
         with self._lock:
             if kind == b"message":
                 ch = self._channels.get(name)
                 if ch is not None:
+                    ch.grant_watch = 0.0
                     if ch.echoes > 0:
                         ch.echoes -= 1  # our own release: its waiters were woken directly
                     else:
                         ch.wake_message(reply[2] if len(reply) > 2 else b"0")
+                else:
+                    ch = self._grants.get(name)
+                    if ch is not None and len(reply) > 2:
+                        grant = (ch.name, reply[2])
             elif kind == b"subscribe":
-                n = self._acked[name] = self._acked.get(name, 0) + 1
-                ch = self._channels.get(name)
-                if ch is not None and n >= ch.want:
+                self._acked[name] = self._acked.get(name, 0) + 1
+                ch = self._channels.get(name) or self._grants.get(name)
+                if ch is not None and self._acked.get(ch.name, 0) >= ch.want and (
+                        ch.grant is None or self._acked.get(ch.grant, 0) >= ch.grant_want):
                     ch.set_confirmed()
             elif (kind == b"unsubscribe" and name not in self._channels
+                  and name not in self._grants
                   and self._acked.get(name, 0) >= self._sent.get(name, 0)):
                 self._acked.pop(name, None)
                 self._sent.pop(name, None)
+        if grant is not None:
+            self.granted(*grant)
 
     def _housekeeping(self, now: float) -> None:
         with self._lock:
@@ -679,14 +838,26 @@ class PubSubManager:
                 self._connected = False
                 self._conn.disconnect()
                 return
+            for ch in self._channels.values():
+                if ch.grant_watch and now >= ch.grant_watch:
+                    ch.grant_watch = 0.0
+                    ch.wake_one()
+            if self._early:
+                for token, since in list(self._early.items()):
+                    if now - since >= _EARLY_KEEP:
+                        del self._early[token]
             idle = [ch for ch in self._channels.values()
                     if ch.refs == 0 and now - ch.idle_since >= LINGER]
+            names = []
             for ch in idle:
                 del self._channels[ch.name]
+                names.append(ch.name)
+                if ch.grant is not None:
+                    self._grants.pop(ch.grant, None)
+                    names.append(ch.grant)
             try:
                 if idle:
-                    self._conn.send_command("UNSUBSCRIBE", *[ch.name for ch in idle],
-                                            check_health=False)
+                    self._conn.send_command("UNSUBSCRIBE", *names, check_health=False)
                     self._last_io = now
                 elif self._channels and not self._ping_at and now - self._last_io >= _PING_AFTER:
                     self._conn.send_command("PING", check_health=False)

@@ -19,21 +19,34 @@ from redis.exceptions import NoScriptError, ResponseError
 # hot path a TIME and an HSET per new lock. Entries of locks that expired are pruned on read.
 _STAMP = "local t = redis.call('time'); local stamp = t[1] .. '.' .. string.format('%06d', tonumber(t[2]))"
 
-# KEYS[1] lock hash, KEYS[2] index; ARGV[1] lease ms, ARGV[2] owner field, ARGV[3] holder info,
-# ARGV[4] (optional) "claim".
-# Reply: nil = acquired (new or reentrant); a number = the holder's PTTL (-1: no expiry).
-# "claim" is sent by waiters, who never hold the lock: if their field is there, a releasing
-# thread handed the lock to them, so it is taken as is, never counted twice.
+_NOW_MS = ("local t = redis.call('time'); "
+           "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)")
+
+#: Reply of an acquire in claim mode whose owner was granted the lock meanwhile (it holds it
+#: already: nothing is counted twice; the grant's short lease is now the full one).
+CLAIMED = -3
+
+# KEYS[1] lock hash, KEYS[2] index, KEYS[3] hand-off queue, KEYS[4] hand-off waiters (3 and 4
+# only with a token); ARGV[1] lease ms, ARGV[2] owner field, ARGV[3] holder info, ARGV[4] mode:
+# "" (a first attempt) or "claim" (a waiter's retry), ARGV[5] token (a waiter: registered if
+# the attempt fails), ARGV[6] its budget ms (-1: none), ARGV[7] slack ms past the holder's
+# PTTL, ARGV[8] grant lease ms.
+# Reply: nil = acquired (new or reentrant); CLAIMED (see above); else the holder's PTTL (-1:
+# no expiry), and the waiter is registered: queued once per token, its entry valid until its
+# budget ends or the holder's PTTL plus the slack has passed (it re-registers on every retry).
 ACQUIRE = """
-if ARGV[4] and redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
+if ARGV[4] == 'claim' and redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
   redis.call('pexpire', KEYS[1], ARGV[1])
-  return nil
+  return """ + str(CLAIMED) + """
 end
 if redis.call('exists', KEYS[1]) == 0 then
   redis.call('hincrby', KEYS[1], ARGV[2], 1)
   redis.call('pexpire', KEYS[1], ARGV[1])
   """ + _STAMP + """
   redis.call('hset', KEYS[2], KEYS[1], stamp .. ' ' .. ARGV[3])
+  if ARGV[4] == 'claim' and ARGV[5] then
+    redis.call('hdel', KEYS[4], ARGV[5])
+  end
   return nil
 end
 if redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
@@ -41,25 +54,86 @@ if redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
   redis.call('pexpire', KEYS[1], ARGV[1])
   return nil
 end
-return redis.call('pttl', KEYS[1])
+local ttl = redis.call('pttl', KEYS[1])
+if ARGV[5] then
+  """ + _NOW_MS + """
+  local valid = ttl
+  if valid < 0 then valid = 60000 end
+  valid = valid + tonumber(ARGV[7])
+  local budget = tonumber(ARGV[6])
+  if budget >= 0 and budget < valid then valid = budget end
+  local entry = (now + valid) .. ' ' .. ARGV[8] .. ' ' .. ARGV[3]
+  if redis.call('hexists', KEYS[4], ARGV[5]) == 0 then
+    redis.call('rpush', KEYS[3], ARGV[5])
+  end
+  redis.call('hset', KEYS[4], ARGV[5], entry)
+  if redis.call('pttl', KEYS[4]) < valid then
+    redis.call('pexpire', KEYS[4], valid)
+    redis.call('pexpire', KEYS[3], valid)
+  end
+end
+return ttl
 """
 
-# KEYS[1] lock hash, KEYS[2] channel, KEYS[3] index; ARGV[1] owner, ARGV[2] lease ms in force,
-# ARGV[3] message, ARGV[4] (optional) next owner (a waiter in the releasing process), ARGV[5] its
-# lease ms, ARGV[6] how many subscribers the releasing process itself accounts for, ARGV[7] the
-# next owner's holder info.
+# KEYS[1] lock hash, KEYS[2] channel, KEYS[3] index, KEYS[4] hand-off queue, KEYS[5] hand-off
+# waiters, KEYS[6] grant channel (4 to 6: kinds that hand off between processes); ARGV[1]
+# owner, ARGV[2] lease ms in force, ARGV[3] message, ARGV[4] next owner (a waiter of the
+# releasing process that is not registered, or ""), ARGV[5] its lease ms, ARGV[6] how many
+# subscribers the releasing process itself accounts for, ARGV[7] the next owner's holder info,
+# ARGV[8] a token to withdraw (a waiter giving up: its own release if it was granted the lock
+# meanwhile, else its entry is dropped), ARGV[9] the releasing process's token prefix: a grant
+# to one of its own waiters is not published (the reply tells it).
 # Reply: nil = not owner; 0 = still held (count > 0, TTL reset to the lease in force);
+# a token (string) = granted to that registered waiter, short lease, named on KEYS[6];
 # -1 = handed to ARGV[4] (only when no other process waits: it never sees the lock free);
-# n >= 1 = released, and n - 1 subscribers (processes with waiters) got the message.
+# n >= 1 = released, and n - 1 subscribers got the message (1 when every subscriber is a
+# django-rlock process with nobody in line: none of them is owed the first go).
+# A foreign subscriber (on KEYS[2] but not on KEYS[6]: a Redisson client, another kind) is
+# never bypassed: the lock is then freed with Redisson's "0" and whoever is first takes it.
 RELEASE = """
 if redis.call('hexists', KEYS[1], ARGV[1]) == 0 then
+  if ARGV[8] and ARGV[8] ~= '' then
+    redis.call('hdel', KEYS[5], ARGV[8])
+  end
   return nil
 end
 if redis.call('hincrby', KEYS[1], ARGV[1], -1) > 0 then
   redis.call('pexpire', KEYS[1], ARGV[2])
   return 0
 end
-if ARGV[4] and redis.call('pubsub', 'numsub', KEYS[2])[2] <= tonumber(ARGV[6]) then
+local foreign = true
+if KEYS[6] then
+  local subs = redis.call('pubsub', 'numsub', KEYS[2], KEYS[6])
+  foreign = subs[2] > subs[4]
+  if not foreign then
+    """ + _NOW_MS + """
+    while true do
+      local token = redis.call('lpop', KEYS[4])
+      if not token then
+        break
+      end
+      local entry = redis.call('hget', KEYS[5], token)
+      if entry then
+        redis.call('hdel', KEYS[5], token)
+        local deadline, grant, info = string.match(entry, '^(%d+) (%d+) (.*)$')
+        if tonumber(deadline) > now then
+          redis.call('del', KEYS[1])
+          redis.call('hset', KEYS[1], string.match(token, '^(.*)#'), 1)
+          redis.call('pexpire', KEYS[1], grant)
+          """ + _STAMP + """
+          redis.call('hset', KEYS[3], KEYS[1], stamp .. ' ' .. info)
+          local own = ARGV[9] or ''
+          if own == '' or string.sub(token, 1, #own) ~= own then
+            redis.call('publish', KEYS[6], token)
+          end
+          return token
+        end
+      end
+    end
+  end
+end
+if ARGV[4] and ARGV[4] ~= '' and redis.call('pubsub', 'numsub', KEYS[2])[2] <= tonumber(ARGV[6])
+then
   redis.call('hdel', KEYS[1], ARGV[1])
   redis.call('hset', KEYS[1], ARGV[4], 1)
   redis.call('pexpire', KEYS[1], ARGV[5])
@@ -69,7 +143,11 @@ if ARGV[4] and redis.call('pubsub', 'numsub', KEYS[2])[2] <= tonumber(ARGV[6]) t
 end
 redis.call('del', KEYS[1])
 redis.call('hdel', KEYS[3], KEYS[1])
-return 1 + redis.call('publish', KEYS[2], ARGV[3])
+local n = redis.call('publish', KEYS[2], ARGV[3])
+if foreign then
+  return 1 + n
+end
+return 1
 """
 
 # KEYS = lock hashes; ARGV = owner, lease ms for each key in turn.

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from . import pubsub
+from .scripts import CLAIMED
 
 #: Longest a waiter waits for its SUBSCRIBE to be confirmed before relying on its bound alone.
 SUBSCRIBE_TIMEOUT = 7.5
@@ -40,11 +41,14 @@ class Wait:
     """What one wait is about: the channel and, for a hand-off, who waits."""
 
     __slots__ = ("client", "channel", "key", "owner", "lease_ms", "on_grant", "info", "wakes",
-                 "recheck")
+                 "recheck", "grant", "token", "registered", "grant_ms")
 
     def __init__(self, client: Any, channel: bytes, key: str, *, owner: str = "",
-                 lease_ms: int = 0, on_grant: Callable[[], None] | None = None, info: str = "",
-                 wakes: pubsub.WakePolicy | None = None, recheck: float | None = None) -> None:
+                 lease_ms: int = 0, on_grant: Callable[[int | None], None] | None = None,
+                 info: str = "", wakes: pubsub.WakePolicy | None = None,
+                 recheck: float | None = None, grant: bytes | None = None,
+                 token: bytes | None = None, registered: bool = False,
+                 grant_ms: int = 0) -> None:
         self.client = client  # the sync client whose server's subscription is used
         self.channel = channel
         self.key = key
@@ -54,18 +58,32 @@ class Wait:
         self.info = info
         self.wakes = wakes
         self.recheck = recheck
+        # The cross-process hand-off (kinds with one): where grants are announced, the token
+        # this wait registers under, whether its first attempt did so already, and the lease
+        # a grant starts with.
+        self.grant = grant
+        self.token = token
+        self.registered = registered
+        self.grant_ms = grant_ms
+
+    def enter(self, mgr: pubsub.PubSubManager, loop: Any = None) -> pubsub.Slot:
+        return mgr.enter(self.channel, self.owner, self.lease_ms, self.on_grant, loop, self.key,
+                         self.info, self.wakes, self.grant, self.token, self.registered,
+                         self.grant_ms)
 
 
 def wait(w: Wait, attempt: Callable[[bool], int | None], budget: float | None,
-         give_back: Callable[[], Any] | None = None, park_until: float = 0.0) -> bool:
+         give_back: Callable[[], Any] | None = None, park_until: float = 0.0,
+         withdraw: Callable[[], Any] | None = None) -> bool:
     """Wait for ``attempt`` to succeed within ``budget`` seconds (None: forever).
 
-    ``give_back`` undoes a hand-off that reached us as we gave up (RLock's only).
+    ``give_back`` undoes a hand-off that reached us as we gave up (RLock's only);
+    ``withdraw`` takes our entry out of the cross-process hand-off queue (or gives back the
+    grant that raced with our giving up).
     """
     deadline = None if budget is None else time.monotonic() + budget
     sub_timeout = SUBSCRIBE_TIMEOUT if budget is None else min(SUBSCRIBE_TIMEOUT, budget)
-    slot = pubsub.manager(w.client).enter(w.channel, w.owner, w.lease_ms, w.on_grant, None,
-                                          w.key, w.info, w.wakes)
+    slot = w.enter(pubsub.manager(w.client))
     acquired = False
     try:
         if not slot.confirmed.is_set():
@@ -80,8 +98,11 @@ def wait(w: Wait, attempt: Callable[[bool], int | None], budget: float | None,
                 acquired = True
                 break
             ttl = attempt(True)
+            if ttl == CLAIMED:
+                acquired = slot.claim()
+                break
             again = slot.attempted(ttl is None, ttl)
-            if ttl is None:
+            if ttl is None or slot.granted:
                 acquired = True
             elif again:
                 continue
@@ -91,23 +112,28 @@ def wait(w: Wait, attempt: Callable[[bool], int | None], budget: float | None,
                 acquired = slot.park(park_timeout(ttl, deadline, w.recheck))
         return acquired
     finally:
-        if slot.leave() and not acquired and give_back is not None:
-            # Handed the lock just as we gave up (budget spent, or an exception): back.
+        granted = slot.leave()
+        if not acquired:
             try:
-                give_back()
+                if granted and give_back is not None:
+                    # Handed the lock just as we gave up (budget spent, or an exception): back.
+                    give_back()
+                elif slot.registered and withdraw is not None:
+                    withdraw()
             except Exception:
                 pass
 
 
 async def await_(w: Wait, attempt: Callable[[bool], Awaitable[int | None]],
                  budget: float | None, give_back: Callable[[], Awaitable[Any]] | None = None,
-                 park_until: float = 0.0) -> bool:
+                 park_until: float = 0.0,
+                 withdraw: Callable[[], Awaitable[Any]] | None = None) -> bool:
     """``wait`` for an asyncio task: it parks on its own loop, never on a thread."""
     deadline = None if budget is None else time.monotonic() + budget
     sub_timeout = SUBSCRIBE_TIMEOUT if budget is None else min(SUBSCRIBE_TIMEOUT, budget)
     mgr = pubsub.manager(w.client)
     loop = asyncio.get_running_loop()
-    slot = mgr.enter(w.channel, w.owner, w.lease_ms, w.on_grant, loop, w.key, w.info, w.wakes)
+    slot = w.enter(mgr, loop)
     acquired = False
     try:
         confirmed = mgr.confirmation(slot, loop)
@@ -124,8 +150,11 @@ async def await_(w: Wait, attempt: Callable[[bool], Awaitable[int | None]],
                 acquired = True
                 break
             ttl = await attempt(True)
+            if ttl == CLAIMED:
+                acquired = slot.claim()
+                break
             again = slot.attempted(ttl is None, ttl)
-            if ttl is None:
+            if ttl is None or slot.granted:
                 acquired = True
             elif again:
                 continue
@@ -135,10 +164,14 @@ async def await_(w: Wait, attempt: Callable[[bool], Awaitable[int | None]],
                 acquired = await slot.apark(park_timeout(ttl, deadline, w.recheck))
         return acquired
     finally:
-        if await slot.aleave() and not acquired and give_back is not None:
+        granted = await slot.aleave()
+        if not acquired:
             # Handed the lock just as we gave up (budget spent, cancelled): give it back
-            # ourselves, now, as its owner.
+            # ourselves, now, as its owner; or take our place in line back.
             try:
-                await give_back()
+                if granted and give_back is not None:
+                    await give_back()
+                elif slot.registered and withdraw is not None:
+                    await withdraw()
             except Exception:
                 pass

@@ -75,7 +75,7 @@ class Hold:
     __slots__ = ("client", "server", "key", "name", "owner", "count", "lease_ms", "renew",
                  "period", "due", "lost", "on_lost", "expires_at", "thread", "since", "label",
                  "scripts_keys", "valid_until", "renew_script", "renew_key", "end_script",
-                 "end_args")
+                 "end_args", "top_up_ms", "slack")
 
     def __init__(self, client: Any, server: tuple[Any, ...], key: str, name: str, owner: str) -> None:
         self.client = client
@@ -103,6 +103,12 @@ class Hold:
         self.renew_key = key
         self.end_script: Script = FORCE_UNLOCK_OWNER_SCRIPT
         self.end_args: tuple[Any, ...] = (owner, "0")
+        #: A lease hold granted with a shorter lease than its own: the lease (ms) its one
+        #: early renewal sets, once due (0: none pending, or sent).
+        self.top_up_ms = 0
+        #: How early (s) a sweep may renew it, to batch it with others: half a period,
+        #: except for a first renewal brought forward by a short grant lease.
+        self.slack = 0.0
 
 
 HoldKey = tuple[tuple[Any, ...], str, str]
@@ -150,11 +156,14 @@ class Watchdog:
     def acquired(self, k: HoldKey, client: Any, name: str, lease_ms: int, renew: bool,
                  watchdog_timeout: float, on_lost: LostCallback | None, *,
                  thread: threading.Thread | None = None, label: str | None = None,
-                 scripts_keys: tuple[Any, ...] = (), kind: HoldKind | None = None) -> Hold:
+                 scripts_keys: tuple[Any, ...] = (), kind: HoldKind | None = None,
+                 grant_ms: int | None = None) -> Hold:
         """Record a successful acquire, before the result is handed back to the caller.
 
         ``thread``: the owner thread, watched so its hold is released if it ends holding.
         ``kind``: how a lock kind other than RLock renews and ends its holds.
+        ``grant_ms``: a release of another owner granted it with this (short) lease: the first
+        renewal comes early (halfway through it), before a crashed heir could cost more.
         """
         now = time.monotonic()
         with self._lock:
@@ -177,12 +186,22 @@ class Watchdog:
                 hold.renew = True
                 hold.period = watchdog_timeout / 3.0
                 hold.due = now + hold.period
+                hold.slack = hold.period / 2
             # The lease a partial release re-applies: a renewed hold stays in watchdog mode.
             hold.lease_ms = int(hold.period * 3000) if hold.renew else lease_ms
             if not hold.renew:
                 hold.expires_at = now + lease_ms / 1000.0
                 hold.due = hold.expires_at + 1.0
-            hold.valid_until = max(hold.valid_until, now + hold.lease_ms / 1000.0)
+            if grant_ms is not None and grant_ms < hold.lease_ms and hold.count == 1:
+                # Renewed between a third and a half of the way through the grant lease: never
+                # at once (a short hold is released long before, and costs nothing more).
+                if not hold.renew:
+                    hold.top_up_ms = 1  # the rest of its own lease, worked out when due
+                hold.due = now + grant_ms / 2000.0
+                hold.slack = grant_ms / 6000.0
+                hold.valid_until = now + grant_ms / 1000.0
+            else:
+                hold.valid_until = max(hold.valid_until, now + hold.lease_ms / 1000.0)
             if self._thread is None:
                 self._start()
             elif hold.due < self._wake_at:
@@ -258,13 +277,21 @@ class Watchdog:
                 next_at = float("inf")
                 for k, h in self._holds.items():
                     if h.renew:
-                        if h.due - h.period / 2 <= now:
+                        if h.due - h.slack <= now:
                             if h.thread is not None and not h.thread.is_alive():
                                 dead.append(h)
                                 drop.append(k)
                                 continue
                             due.append(h)
                             h.due = now + h.period
+                            h.slack = h.period / 2
+                        next_at = min(next_at, h.due)
+                    elif h.due <= now and h.top_up_ms:
+                        # Granted with a short lease: its own lease from now on, once (a
+                        # little longer than asked, by the grant's delivery time).
+                        due.append(h)
+                        h.top_up_ms = max(1, int((h.expires_at - now) * 1000))
+                        h.due = h.expires_at + 1.0
                         next_at = min(next_at, h.due)
                     elif h.due <= now:
                         drop.append(k)  # a lease hold that has expired: forget it
@@ -351,7 +378,8 @@ class Watchdog:
                 args: list[Any] = []
                 for h in chunk:
                     args.append(h.owner)
-                    args.append(int(h.period * 3000))
+                    args.append(int(h.period * 3000) or h.top_up_ms)
+                    h.top_up_ms = 0
                 calls.append((chunk[0].renew_script, tuple(h.renew_key for h in chunk),
                               tuple(args)))
                 order.extend(chunk)

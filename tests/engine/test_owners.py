@@ -170,7 +170,11 @@ def test_a_task_that_ends_holding_is_released_and_passes_nothing_on(redis_server
 def test_a_hand_off_whose_outcome_hangs_has_a_deadline(redis_server, r, holders, monkeypatch, caplog):
     """The releaser's reply is lost in the network for longer than the heir will wait for it.
     The heir stops waiting for that outcome after HANDOFF_TIMEOUT and claims the lock itself
-    (the hand-off did land), without counting it twice; the late outcome changes nothing."""
+    (the hand-off did land), without counting it twice; the late outcome changes nothing.
+
+    The heir is a waiter that parked without an attempt (another of its process's threads
+    was already waiting), so it is not in the hand-off queue in Redis: only the in-process
+    hand-off can reach it."""
     from tests.faultproxy import FaultProxy
 
     monkeypatch.setattr(pubsub, "HANDOFF_TIMEOUT", 0.5)
@@ -180,16 +184,21 @@ def test_a_hand_off_whose_outcome_hangs_has_a_deadline(redis_server, r, holders,
     # the db-0 subscriptions other tests count, even if the proxy leaves it half-open.
     slow = redis.Redis(port=proxy.port, db=3)
     # One client (one server id): the releaser hands over only to waiters of its own manager.
-    releaser_lock, heir_lock = RLock(slow, "hangs"), RLock(slow, "hangs")
-    releaser, heir = holders(), holders()
-    releaser.call(releaser_lock.lock)
+    first_lock, releaser_lock, heir_lock = (RLock(slow, "hangs") for _ in range(3))
+    first, releaser, heir = holders(), holders(), holders()
+    first.call(first_lock.lock)
+    got_releaser = releaser.submit(lambda: releaser_lock.try_lock(wait_time=10))
+    time.sleep(0.4)  # in line in Redis, parked
     start = time.monotonic()
     got = heir.submit(lambda: (heir_lock.try_lock(wait_time=10), time.monotonic()))
-    time.sleep(0.4)  # the heir is parked and subscribed: the release hands the lock to it
+    time.sleep(0.3)  # parked behind it, without an attempt
+    first.call(first_lock.unlock)  # granted to the one in line
+    assert got_releaser(5) is True
+    time.sleep(0.3)  # the grant's message has come and gone: the delay hits the release reply
     proxy.delay_next_reply = 3.0
     released = releaser.submit(releaser_lock.unlock)
     ok, when = got(10)
-    assert ok is True and when - start < 0.4 + 2.0, when - start
+    assert ok is True and when - start < 0.6 + 2.0, when - start
     db3 = redis.Redis(unix_socket_path=redis_server.socket, db=3)
     assert db3.hget("hangs", heir.call(identity.thread_owner)) == b"1"  # claimed, not counted twice
     released(10)  # the late reply arrives: the hand-off is settled behind the heir's back

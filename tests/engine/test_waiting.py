@@ -57,7 +57,9 @@ def test_try_lock_gives_up_after_its_budget(r, holders):
     r.config_resetstat()
     ok, waited = timed_lock(lock, wait_time=1.0)
     assert ok is False and 0.95 <= waited < 3.0
-    assert script_calls(r) <= 3
+    # Its attempts (one before, one after its subscription is confirmed), and its entry in
+    # the hand-off queue taken back as it gives up.
+    assert script_calls(r) <= 4
     ok, waited = timed_lock(lock, wait_time=0)
     assert ok is False and waited < 1.0
 
@@ -252,12 +254,12 @@ def test_hand_off_never_crosses_databases_or_shared_channels(redis_server, r, ho
 
 
 def test_a_waiters_claim_never_counts_a_handed_lock_twice(r):
-    from django_rlock.engine.scripts import ACQUIRE_SCRIPT, call_once
+    from django_rlock.engine.scripts import ACQUIRE_SCRIPT, CLAIMED, call_once
 
     r.hset("claimed", "me:1", 1)  # handed to "me" by a release whose reply was lost
     keys, args = ("claimed", "rlock-index:"), (5000, "me:1", "{}", "claim")
-    assert call_once(r, ACQUIRE_SCRIPT, keys, args) is None
-    assert call_once(r, ACQUIRE_SCRIPT, keys, args) is None
+    assert call_once(r, ACQUIRE_SCRIPT, keys, args) == CLAIMED  # held: taken as it is
+    assert call_once(r, ACQUIRE_SCRIPT, keys, args) == CLAIMED
     assert r.hget("claimed", "me:1") == b"1" and 4000 < r.pttl("claimed") <= 5000
 
 
