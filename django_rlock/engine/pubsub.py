@@ -45,7 +45,7 @@ _PONG_TIMEOUT = 5.0
 GRANT_LEASE = 3.0
 #: After a grant to another process's waiter: if no message on the lock's channels follows
 #: within this long, the heir may have died unannounced; one waiter here re-checks.
-GRANT_WATCH = GRANT_LEASE + 0.5
+GRANT_WATCH = GRANT_LEASE + 0.1
 #: Seconds a grant to a waiter of ours that has not joined its queue yet is kept for it.
 _EARLY_KEEP = 10.0
 
@@ -309,6 +309,8 @@ class Slot:
             return True
         w.attempting = True  # no hand-off to us while our own acquire is in flight
         w.seen = self.channel.messages
+        if w.token is not None:
+            w.registered = True  # it may be, once the attempt lands (even if we never hear)
         return False
 
     def claim(self) -> bool:
@@ -424,6 +426,8 @@ class PubSubManager:
         #: Grant channel -> its lock channel's queue.
         self._grants: dict[bytes, Channel] = {}
         self._token_prefix = identity.process_id().encode()
+        #: The earliest ``grant_watch`` of any channel (0: none): the listener wakes for it.
+        self._next_watch = 0.0
         #: Reconnections so far (read by tests).
         self.reconnects = 0
 
@@ -572,6 +576,8 @@ class PubSubManager:
                     # Another process's waiter: if it died before it could take the lock, its
                     # grant expires unannounced; one of ours re-checks just after that.
                     ch.grant_watch = now + GRANT_WATCH
+                    if not self._next_watch or ch.grant_watch < self._next_watch:
+                        self._next_watch = ch.grant_watch
                 return
             ch.grant_watch = 0.0
             if w.granted or w.reserved:
@@ -754,9 +760,14 @@ class PubSubManager:
                     if self._conn is not None:
                         self.reconnects += 1
                     self._connect()
-                if self._conn.can_read(timeout=_HOUSEKEEPING):
+                timeout = _HOUSEKEEPING
+                if self._next_watch:
+                    timeout = max(0.0, min(timeout, self._next_watch - time.monotonic()))
+                if self._conn.can_read(timeout=timeout):
                     self._dispatch(self._conn.read_response(disconnect_on_error=True, push_request=True))
                 now = time.monotonic()
+                if self._next_watch and now >= self._next_watch:
+                    self._watch(now)
                 if now >= next_housekeeping:
                     next_housekeeping = now + _HOUSEKEEPING
                     self._housekeeping(now)
@@ -814,6 +825,19 @@ class PubSubManager:
         if grant is not None:
             self.granted(*grant)
 
+    def _watch(self, now: float) -> None:
+        """A grant to another process's waiter was followed by no message for longer than
+        its grant lease: the heir may have died, and the lock expired unannounced. One
+        waiter per channel here asks."""
+        with self._lock:
+            self._next_watch = 0.0
+            for ch in self._channels.values():
+                if ch.grant_watch and now >= ch.grant_watch:
+                    ch.grant_watch = 0.0
+                    ch.wake_one()
+                elif ch.grant_watch:
+                    self._next_watch = min(self._next_watch or ch.grant_watch, ch.grant_watch)
+
     def _housekeeping(self, now: float) -> None:
         with self._lock:
             if self._reserved:
@@ -838,10 +862,6 @@ class PubSubManager:
                 self._connected = False
                 self._conn.disconnect()
                 return
-            for ch in self._channels.values():
-                if ch.grant_watch and now >= ch.grant_watch:
-                    ch.grant_watch = 0.0
-                    ch.wake_one()
             if self._early:
                 for token, since in list(self._early.items()):
                     if now - since >= _EARLY_KEEP:

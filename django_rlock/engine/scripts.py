@@ -44,8 +44,8 @@ if redis.call('exists', KEYS[1]) == 0 then
   redis.call('pexpire', KEYS[1], ARGV[1])
   """ + _STAMP + """
   redis.call('hset', KEYS[2], KEYS[1], stamp .. ' ' .. ARGV[3])
-  if ARGV[4] == 'claim' and ARGV[5] then
-    redis.call('hdel', KEYS[4], ARGV[5])
+  if KEYS[4] then
+    redis.call('hdel', KEYS[4], ARGV[5], '=' .. ARGV[2])
   end
   return nil
 end
@@ -80,8 +80,9 @@ return ttl
 # owner, ARGV[2] lease ms in force, ARGV[3] message, ARGV[4] next owner (a waiter of the
 # releasing process that is not registered, or ""), ARGV[5] its lease ms, ARGV[6] how many
 # subscribers the releasing process itself accounts for, ARGV[7] the next owner's holder info,
-# ARGV[8] a token to withdraw (a waiter giving up: its own release if it was granted the lock
-# meanwhile, else its entry is dropped), ARGV[9] the releasing process's token prefix: a grant
+# ARGV[8] a token to withdraw (a waiter giving up: its own release if that very token was
+# granted the lock, recorded as "=<owner>" in the waiters hash until the owner's hold ends;
+# else its entry is dropped), ARGV[9] the releasing process's token prefix: a grant
 # to one of its own waiters is not published (the reply tells it).
 # Reply: nil = not owner; 0 = still held (count > 0, TTL reset to the lease in force);
 # a token (string) = granted to that registered waiter, short lease, named on KEYS[6];
@@ -91,10 +92,11 @@ return ttl
 # A foreign subscriber (on KEYS[2] but not on KEYS[6]: a Redisson client, another kind) is
 # never bypassed: the lock is then freed with Redisson's "0" and whoever is first takes it.
 RELEASE = """
+if ARGV[8] and ARGV[8] ~= '' and redis.call('hget', KEYS[5], '=' .. ARGV[1]) ~= ARGV[8] then
+  redis.call('hdel', KEYS[5], ARGV[8])
+  return nil
+end
 if redis.call('hexists', KEYS[1], ARGV[1]) == 0 then
-  if ARGV[8] and ARGV[8] ~= '' then
-    redis.call('hdel', KEYS[5], ARGV[8])
-  end
   return nil
 end
 if redis.call('hincrby', KEYS[1], ARGV[1], -1) > 0 then
@@ -103,6 +105,7 @@ if redis.call('hincrby', KEYS[1], ARGV[1], -1) > 0 then
 end
 local foreign = true
 if KEYS[6] then
+  redis.call('hdel', KEYS[5], '=' .. ARGV[1])
   local subs = redis.call('pubsub', 'numsub', KEYS[2], KEYS[6])
   foreign = subs[2] > subs[4]
   if not foreign then
@@ -117,8 +120,10 @@ if KEYS[6] then
         redis.call('hdel', KEYS[5], token)
         local deadline, grant, info = string.match(entry, '^(%d+) (%d+) (.*)$')
         if tonumber(deadline) > now then
+          local heir = string.match(token, '^(.*)#')
           redis.call('del', KEYS[1])
-          redis.call('hset', KEYS[1], string.match(token, '^(.*)#'), 1)
+          redis.call('hset', KEYS[1], heir, 1)
+          redis.call('hset', KEYS[5], '=' .. heir, token)
           redis.call('pexpire', KEYS[1], grant)
           """ + _STAMP + """
           redis.call('hset', KEYS[3], KEYS[1], stamp .. ' ' .. info)

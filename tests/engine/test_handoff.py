@@ -1,0 +1,319 @@
+"""The cross-process hand-off: a waiter's failed attempt puts it in line in Redis, and the
+final release grants the lock to the first live waiter in line, whichever process it is in.
+
+Waiters in other processes are real processes (``_handoff_proc``), killed with SIGKILL where
+the test is about a waiter that dies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import redis
+import redis.asyncio as aredis
+from redis.crc import key_slot
+
+from django_rlock import AsyncRLock, RLock
+from django_rlock.engine import pubsub
+from django_rlock.engine.naming import grant_channel, handoff_queue, handoff_waiters, lock_channel
+from django_rlock.engine.scripts import RELEASE_SCRIPT, call_once
+from tests.conftest import script_calls
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Redisson's own acquire and release (RedissonLock.tryLockInnerAsync / unlockInnerAsync), as
+# a Java or Node client sends them: what a foreign waiter on our locks runs.
+REDISSON_ACQUIRE = """
+if (redis.call('exists', KEYS[1]) == 0) or (redis.call('hexists', KEYS[1], ARGV[2]) == 1) then
+  redis.call('hincrby', KEYS[1], ARGV[2], 1)
+  redis.call('pexpire', KEYS[1], ARGV[1])
+  return nil
+end
+return redis.call('pttl', KEYS[1])
+"""
+REDISSON_RELEASE = """
+if (redis.call('hexists', KEYS[1], ARGV[3]) == 0) then
+  return nil
+end
+local counter = redis.call('hincrby', KEYS[1], ARGV[3], -1)
+if (counter > 0) then
+  redis.call('pexpire', KEYS[1], ARGV[2])
+  return 0
+end
+redis.call('del', KEYS[1])
+redis.call('publish', KEYS[2], ARGV[1])
+return 1
+"""
+
+
+class Proc:
+    def __init__(self, *args: str, grant_lease: float | None = None) -> None:
+        env = dict(os.environ)
+        if grant_lease is not None:
+            env["RLOCK_TEST_GRANT_LEASE"] = str(grant_lease)
+        self.p = subprocess.Popen([sys.executable, "-m", "tests.engine._handoff_proc", *args],
+                                  cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  text=True, env=env)
+
+    def expect(self, prefix: str, timeout: float = 20.0) -> str:
+        assert self.p.stdout is not None
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            ready, _, _ = select.select([self.p.stdout], [], [], max(0.0, end - time.monotonic()))
+            if ready:
+                line = self.p.stdout.readline()
+                if not line:
+                    break
+                if line.startswith(prefix):
+                    return line.strip()
+        raise AssertionError(f"no {prefix!r} from the process within {timeout:g} s")
+
+    def send(self, line: str) -> None:
+        assert self.p.stdin is not None
+        self.p.stdin.write(line + "\n")
+        self.p.stdin.flush()
+
+    def kill(self) -> None:
+        if self.p.poll() is None:
+            os.kill(self.p.pid, signal.SIGKILL)
+        self.p.wait(10)
+
+    def close(self) -> None:
+        self.kill()
+        for f in (self.p.stdin, self.p.stdout):
+            if f is not None:
+                f.close()
+
+
+@pytest.fixture
+def procs():
+    made: list[Proc] = []
+
+    def make(*args: str, grant_lease: float | None = None) -> Proc:
+        p = Proc(*args, grant_lease=grant_lease)
+        made.append(p)
+        return p
+
+    yield make
+    for p in made:
+        p.close()
+
+
+def until(cond, timeout: float = 10.0, what: str = "condition") -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, f"{what} not met within {timeout:g} s"
+        time.sleep(0.01)
+
+
+def in_line(r: redis.Redis, name: str) -> int:
+    return int(r.hlen(handoff_waiters(name)))
+
+
+def test_every_name_of_the_hand_off_is_in_the_locks_slot_and_never_shared():
+    for key in ("plain", "a{tag}b", "{whole}", "çà:é"):
+        slot = key_slot(key.encode())
+        for name in (handoff_queue(key), handoff_waiters(key), grant_channel(key)):
+            assert key_slot(name.encode()) == slot, (key, name)
+    # K and {K} share Redisson's channel (and so the grant channel), never a line.
+    assert handoff_queue("k") != handoff_queue("{k}")
+    assert handoff_waiters("k") != handoff_waiters("{k}")
+
+
+def test_a_waiter_in_another_process_is_granted_the_lock_without_a_command(r, redis_server,
+                                                                           holders, procs):
+    lock = RLock(r, "xg")
+    holder = holders()
+    holder.call(lock.lock)
+    waiter = procs("wait_hold", redis_server.socket, "xg")
+    waiter.expect("waiting")
+    until(lambda: in_line(r, "xg") == 1, what="the waiter in line")
+    time.sleep(0.3)  # its subscription is confirmed (it parks on it)
+    r.config_resetstat()
+    holder.call(lock.unlock)
+    waiter.expect("locked")
+    assert script_calls(r) == 1  # the release; the heir sent nothing to take the lock
+    (field,) = r.hkeys("xg")
+    assert not field.decode().startswith(holder.call(lambda: lock._field()).split(":")[0])
+    assert r.pttl("xg") <= pubsub.GRANT_LEASE * 1000  # granted with the short lease
+    # Its watchdog renews it early: by twice the grant lease it has its own lease again.
+    time.sleep(pubsub.GRANT_LEASE * 0.9)
+    assert r.pttl("xg") > pubsub.GRANT_LEASE * 1000
+    assert r.hkeys("xg") == [field]
+    waiter.send("unlock")
+    waiter.expect("unlocked")
+    assert not r.exists("xg")
+
+
+def test_a_lease_mode_heir_has_its_whole_lease_when_it_returns(r, redis_server, holders, procs):
+    lock = RLock(r, "xl")
+    holder = holders()
+    holder.call(lock.lock)
+    waiter = procs("wait_hold", redis_server.socket, "xl", "10")
+    waiter.expect("waiting")
+    until(lambda: in_line(r, "xl") == 1, what="the waiter in line")
+    time.sleep(0.3)
+    holder.call(lock.unlock)
+    waiter.expect("locked")
+    assert 8_000 < r.pttl("xl") <= 10_000
+
+
+def test_a_sigkilled_waiter_in_line_costs_at_most_the_grant_lease(r, redis_server, holders, procs):
+    """The dead waiter is first in line: the release grants it the lock, which then expires
+    unannounced after the short grant lease, and the next waiter, told of the grant, checks
+    just after. Without the grant lease it would be the holder's 30 s TTL."""
+    lock = RLock(r, "xd")
+    holder = holders()
+    holder.call(lock.lock)
+    dead = procs("wait_hold", redis_server.socket, "xd")
+    dead.expect("waiting")
+    until(lambda: in_line(r, "xd") == 1, what="the first waiter in line")
+    time.sleep(0.3)
+    dead.kill()
+    nxt = holders().submit(lambda: (RLock(r, "xd").try_lock(wait_time=20), time.monotonic()))
+    until(lambda: in_line(r, "xd") == 2, what="the second waiter in line")
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    holder.call(lock.unlock)
+    ok, when = nxt(30)
+    assert ok
+    assert pubsub.GRANT_LEASE * 0.8 < when - t0 < pubsub.GRANT_WATCH + 4.0, when - t0
+
+
+def test_a_waiter_that_gives_up_takes_its_place_in_line_back(r, holders):
+    lock = RLock(r, "xw")
+    holder = holders()
+    holder.call(lock.lock)
+    assert holders().call(lambda: RLock(r, "xw").try_lock(wait_time=0.5)) is False
+    assert in_line(r, "xw") == 0
+    holder.call(lock.unlock)
+    assert not r.exists("xw")  # freed: not granted to a waiter that left
+
+
+def test_a_grant_that_raced_with_giving_up_is_given_back_at_once(r, holders):
+    """The waiter's budget ran out as the release granted it the lock: its withdrawal is then
+    its own release, and the lock goes to the next in line at once, not after the lease."""
+    lock = RLock(r, "xr")
+    holder, quitter = holders(), holders()
+    holder.call(lock.lock)
+    quitting = RLock(r, "xr")
+
+    def register() -> tuple[str, str]:
+        field = quitting._field()
+        k = (quitting._server, quitting.key, field)
+        token = quitting._new_token(field)
+        assert quitting._attempt(k, None, time.monotonic(), reg=(token, None)) > 0
+        return field, token
+
+    field, token = quitter.call(register)  # in line, and never listening: it is giving up
+    nxt = holders().submit(lambda: (RLock(r, "xr").try_lock(wait_time=20), time.monotonic()))
+    until(lambda: in_line(r, "xr") == 2, what="the second waiter in line")
+    time.sleep(0.3)
+    holder.call(lock.unlock)
+    until(lambda: r.hkeys("xr") == [field.encode()], what="the grant to the quitter")
+    t0 = time.monotonic()
+    reply = call_once(r, RELEASE_SCRIPT, quitting._release_keys,
+                      quitting._withdraw_args(field, token))
+    assert reply is not None  # it held the lock, and released it
+    quitting._withdrawn(reply)
+    ok, when = nxt(10)
+    assert ok and when - t0 < 1.0
+
+
+def test_a_foreign_waiter_is_never_bypassed_and_wakes_ours(r, holders):
+    """A Redisson client waits with a plain SUBSCRIBE on the lock's channel: a release that
+    sees it frees the lock with "0" (never grants it past it), and it can take the lock. Its
+    own release's "0" wakes our waiters at once."""
+    lock = RLock(r, "xf")
+    holder = holders()
+    holder.call(lock.lock)
+    ours = holders().submit(lambda: RLock(r, "xf").try_lock(wait_time=20))
+    until(lambda: in_line(r, "xf") == 1, what="our waiter in line")
+    foreign = r.pubsub()
+    foreign.subscribe(lock_channel("xf"))
+    assert foreign.get_message(timeout=2)["type"] == "subscribe"
+    holder.call(lock.unlock)
+    msg = foreign.get_message(timeout=5)
+    assert msg is not None and msg["data"] == b"0"  # freed and announced, not granted past it
+    assert ours(10) is True  # (ours won the race this time: it was woken by the same "0")
+    # The foreign client takes it once free ...
+    acquire, release = r.register_script(REDISSON_ACQUIRE), r.register_script(REDISSON_RELEASE)
+    ours_holder = RLock(r, "xf")
+    assert ours_holder.force_unlock()
+    assert acquire(keys=["xf"], args=[30_000, "java-uuid:1"]) is None
+    # ... and its release wakes our next waiter long before its 30 s lease would.
+    nxt = holders().submit(lambda: (RLock(r, "xf").try_lock(wait_time=20), time.monotonic()))
+    until(lambda: in_line(r, "xf") == 1, what="our next waiter in line")
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    assert release(keys=["xf", lock_channel("xf")], args=["0", 30_000, "java-uuid:1"]) == 1
+    ok, when = nxt(10)
+    assert ok and when - t0 < 2.0
+    foreign.close()
+
+
+def test_cancelled_async_waiters_leave_their_place_in_line(r, redis_server, holders):
+    lock = RLock(r, "xa")
+    holder = holders()
+    holder.call(lock.lock)
+
+    async def main() -> tuple[int, bool, float]:
+        ac = aredis.Redis(unix_socket_path=redis_server.socket)
+        waits = [asyncio.ensure_future(AsyncRLock(ac, "xa").try_lock(wait_time=20))
+                 for _ in range(5)]
+        await asyncio.sleep(0.5)
+        for w in waits[:4]:
+            w.cancel()
+        await asyncio.gather(*waits[:4], return_exceptions=True)
+        end = time.monotonic() + 5
+        while in_line(r, "xa") > 1 and time.monotonic() < end:
+            await asyncio.sleep(0.02)
+        left = in_line(r, "xa")
+        t0 = time.monotonic()
+        await asyncio.get_running_loop().run_in_executor(None, lambda: holder.call(lock.unlock))
+        got = await waits[4]
+        took = time.monotonic() - t0
+        await ac.aclose()
+        return left, got, took
+
+    left, got, took = asyncio.run(main())
+    assert left == 1
+    assert got is True and took < 2.0
+
+
+def test_stress_with_sigkilled_and_cancelled_waiters_keeps_exclusion(r, redis_server, procs):
+    """Three processes (2 threads and 2 asyncio tasks each, a third of the async waits
+    cancelled) contend for one lock while waiters in other processes are SIGKILLed in line
+    or holding it. Exclusion holds (a racy GET/SET counter), each dead waiter costs about a
+    grant lease (scaled down to 0.5 s here), and the lock ends free."""
+    r.delete("counter:xs")
+    seconds, lease = 10.0, 0.5
+    loops = [procs("loop", redis_server.socket, "xs", str(seconds), "2", "2", grant_lease=lease)
+             for _ in range(3)]
+    end = time.monotonic() + seconds - 2.0
+    killed = 0
+    while time.monotonic() < end:
+        # (One that dies holding the lock costs its watchdog timeout: kept short here.)
+        victim = procs("wait_hold", redis_server.socket, "xs", "", "1.5", grant_lease=lease)
+        victim.expect("waiting")
+        time.sleep(0.05 + 0.1 * (killed % 3))  # in line, granted, or holding it
+        victim.kill()
+        killed += 1
+        time.sleep(1.0)
+    results = [p.expect("done", timeout=seconds + 40.0).split() for p in loops]
+    total = sum(int(x[1]) for x in results)
+    longest = max(float(x[2]) for x in results)
+    assert killed >= 4
+    assert total > 100, (total, longest, killed)
+    assert int(r.get("counter:xs")) == total  # no overlap lost an update
+    # Dead heirs one after another cost a grant lease and a re-check (a housekeeping tick) each.
+    assert longest < 15.0, longest
+    until(lambda: not r.exists("xs"), timeout=10, what="the lock free at the end")
