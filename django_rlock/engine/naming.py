@@ -20,7 +20,7 @@ def lock_channel(key: str) -> str:
     return _prefixed(LOCK_CHANNEL_PREFIX, key)
 
 
-# The cross-process hand-off (docs/engine.md, "Hand-off between processes"): waiters that
+# The cross-process hand-off (docs/engine.md, invariants 20-24): waiters that
 # failed an attempt queue here, and a release grants the lock to the first live one.
 HANDOFF_QUEUE_PREFIX = "rlock_handoff_queue"
 HANDOFF_WAITERS_PREFIX = "rlock_handoff_waiters"

@@ -23,6 +23,7 @@ from redis.crc import key_slot
 
 from django_rlock import AsyncRLock, RLock
 from django_rlock.engine import pubsub
+from django_rlock.engine.listing import Locks
 from django_rlock.engine.naming import grant_channel, handoff_queue, handoff_waiters, lock_channel
 from django_rlock.engine.scripts import RELEASE_SCRIPT, call_once
 from tests.conftest import script_calls
@@ -136,6 +137,9 @@ def test_a_waiter_in_another_process_is_granted_the_lock_without_a_command(r, re
     waiter = procs("wait_hold", redis_server.socket, "xg")
     waiter.expect("waiting")
     until(lambda: in_line(r, "xg") == 1, what="the waiter in line")
+    # The line is the lock's, not a lock: a listing that walks every key skips it.
+    assert r.exists(handoff_queue("xg"), handoff_waiters("xg")) == 2
+    assert Locks(r, "").names(scan=True) == ["xg"]
     time.sleep(0.3)  # its subscription is confirmed (it parks on it)
     r.config_resetstat()
     holder.call(lock.unlock)
