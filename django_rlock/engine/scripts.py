@@ -44,7 +44,7 @@ if redis.call('exists', KEYS[1]) == 0 then
   redis.call('pexpire', KEYS[1], ARGV[1])
   """ + _STAMP + """
   redis.call('hset', KEYS[2], KEYS[1], stamp .. ' ' .. ARGV[3])
-  if KEYS[4] then
+  if ARGV[4] == 'claim' and KEYS[4] then
     redis.call('hdel', KEYS[4], ARGV[5], '=' .. ARGV[2])
   end
   return nil
@@ -103,11 +103,16 @@ if redis.call('hincrby', KEYS[1], ARGV[1], -1) > 0 then
   redis.call('pexpire', KEYS[1], ARGV[2])
   return 0
 end
-local foreign = true
+local foreign = nil
+local function outsiders()
+  local subs = redis.call('pubsub', 'numsub', KEYS[2], KEYS[6])
+  return subs[2] > subs[4]
+end
 if KEYS[6] then
   redis.call('hdel', KEYS[5], '=' .. ARGV[1])
-  local subs = redis.call('pubsub', 'numsub', KEYS[2], KEYS[6])
-  foreign = subs[2] > subs[4]
+end
+if KEYS[6] and redis.call('llen', KEYS[4]) > 0 then
+  foreign = outsiders()
   if not foreign then
     """ + _NOW_MS + """
     while true do
@@ -149,10 +154,13 @@ end
 redis.call('del', KEYS[1])
 redis.call('hdel', KEYS[3], KEYS[1])
 local n = redis.call('publish', KEYS[2], ARGV[3])
-if foreign then
-  return 1 + n
+if n > 0 and KEYS[6] and foreign == nil then
+  foreign = outsiders()
 end
-return 1
+if foreign == false then
+  return 1
+end
+return 1 + n
 """
 
 # KEYS = lock hashes; ARGV = owner, lease ms for each key in turn.
