@@ -30,6 +30,8 @@ PRL = "python-redis-lock"
 FAIR = "django-rlock FairLock"
 SEMAPHORE = "django-rlock Semaphore"
 PERMITS = "django-rlock PermitExpirableSemaphore"
+#: A client that is not django-rlock: Redisson's own scripts and pub/sub (bench/foreign.py).
+FOREIGN = "Redisson-style client"
 
 FLOOR_SCRIPT = "return 1"
 #: Lease/expire for every peer: far longer than any hold, so nothing expires mid-hold.
@@ -193,4 +195,7 @@ def make_adapter(lib: str, client: redis.Redis, name: str, wait_s: float | None 
         def release_permit() -> None:
             pes.release(held.pop())
         return Adapter(acquire_permit, release_permit)
+    if lib == FOREIGN:
+        from .foreign import redisson_adapter
+        return redisson_adapter(client, name, wait_s)
     raise ValueError(f"unknown library {lib!r}")

@@ -23,7 +23,7 @@ import threading
 import time
 import traceback
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -148,6 +148,13 @@ class RunResult:
     #: Share of grants that went to a contender who called after the previous grantee did:
     #: an earlier caller was passed over (a fair lock should show almost none).
     out_of_order: float = float("nan")
+    #: Every record, sorted by acquire return (for analyses of a mix of contenders).
+    records: list[Record] = field(default_factory=list, repr=False)
+    #: Client commands counted in each contender process, by process index.
+    client_by_proc: dict[int, dict[str, int]] = field(default_factory=dict)
+    #: Every contender's id, those that never got the lock included (``per_holder`` has
+    #: only those that did).
+    holders: list[int] = field(default_factory=list)
 
     @property
     def acq_per_s(self) -> float:
@@ -196,12 +203,19 @@ def analyze(lib: str, records: list[Record], start_ns: int, counter: int, client
     return RunResult(lib, len(recs), (end - start_ns) / 1e9, gaps, cross, same, waits,
                      dict(Counter(r[0] for r in recs)), overlaps, counter,
                      delta(client, {}, HANDSHAKE), server, errors,
-                     inversions / (len(recs) - 1) if len(recs) > 1 else float("nan"))
+                     inversions / (len(recs) - 1) if len(recs) > 1 else float("nan"), recs)
 
 
 def run_one(server: RedisServer, lib: str, procs: int, threads: int, duration_s: float,
-            hold_s: float, tag: str, wait_s: float = 30.0, max_per_thread: int = 100_000) -> RunResult:
-    """One contention run: ``procs`` spawned processes of ``threads`` contenders each."""
+            hold_s: float, tag: str, wait_s: float = 30.0, max_per_thread: int = 100_000,
+            mix: Sequence[str] = ()) -> RunResult:
+    """One contention run: ``procs`` spawned processes of ``threads`` contenders each.
+
+    ``mix``: one library per process (then ``procs`` is its length and ``lib`` only names the
+    run), for contenders of different libraries on the same key.
+    """
+    libs = list(mix) or [lib] * procs
+    procs = len(libs)
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     start_evt = ctx.Event()
@@ -211,10 +225,10 @@ def run_one(server: RedisServer, lib: str, procs: int, threads: int, duration_s:
     stats = server.client()
     stats.delete(counter_key)
     children = [ctx.Process(target=_child, daemon=True,
-                            args=(ChildSpec(lib, server.socket_path, lock_name, counter_key, i,
-                                            threads, duration_s, hold_s, wait_s, max_per_thread),
+                            args=(ChildSpec(child_lib, server.socket_path, lock_name, counter_key,
+                                            i, threads, duration_s, hold_s, wait_s, max_per_thread),
                                   results, start_evt, start_val))
-                for i in range(procs)]
+                for i, child_lib in enumerate(libs)]
     for c in children:
         c.start()
     try:
@@ -259,8 +273,11 @@ def run_one(server: RedisServer, lib: str, procs: int, threads: int, duration_s:
         records.extend(recs)
         client_counts.update(counts)
         errors.extend(errs)
-    return analyze(lib, records, start_ns, counter, dict(client_counts),
-                   delta(after, before, BENCH_COMMANDS), errors)
+    res = analyze(lib, records, start_ns, counter, dict(client_counts),
+                  delta(after, before, BENCH_COMMANDS), errors)
+    res.client_by_proc = {idx: delta(counts, {}, HANDSHAKE) for idx, (_, counts, _) in done.items()}
+    res.holders = [i * 1000 + t for i in range(procs) for t in range(threads)]
+    return res
 
 
 @dataclass
@@ -316,16 +333,27 @@ class Summary:
             n += r.acquisitions
         return {k: v / n for k, v in total.most_common()} if n else {}
 
+    def _spread(self, group: Callable[[int], int]) -> tuple[float, float]:
+        lo, hi = [], []
+        for r in self.runs:
+            per: Counter[int] = Counter({group(hid): 0 for hid in r.holders})  # starved: 0
+            for hid, n in r.per_holder.items():
+                per[group(hid)] += n
+            if per and r.acquisitions:
+                mean = r.acquisitions / len(per)
+                lo.append(min(per.values()) / mean)
+                hi.append(max(per.values()) / mean)
+        return median(lo), median(hi)
+
     @property
     def share_spread(self) -> tuple[float, float]:
         """Fewest and most acquisitions of one contender, relative to the mean (1.0 = fair)."""
-        lo, hi = [], []
-        for r in self.runs:
-            if r.per_holder:
-                mean = r.acquisitions / len(r.per_holder)
-                lo.append(min(r.per_holder.values()) / mean)
-                hi.append(max(r.per_holder.values()) / mean)
-        return median(lo), median(hi)
+        return self._spread(lambda hid: hid)
+
+    @property
+    def process_share_spread(self) -> tuple[float, float]:
+        """As ``share_spread``, per process (all its contender threads together)."""
+        return self._spread(lambda hid: hid // 1000)
 
     @property
     def checks_ok(self) -> bool:

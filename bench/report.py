@@ -9,11 +9,12 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import contention, renewal, uncontended
-from .clients import FLOOR, PRL, RLOCK
+from . import contention, foreign, renewal, uncontended
+from .clients import FLOOR, FOREIGN, PRL, RLOCK
+from .stats import percentile
 
 NOTES_START = "<!-- notes:start -->"
 NOTES_END = "<!-- notes:end -->"
@@ -23,6 +24,12 @@ A_MAX_RATIO = 1.10
 B_MAX_CROSS_RATIO = 0.8
 B_MAX_WAIT_MS = 250.0
 B_MAX_CLIENT_CMDS = 3.5
+# Between processes (issue #11): one acquire, one release, at most half a failed attempt.
+BP_MAX_WAIT_MS = 100.0
+BP_MAX_CLIENT_CMDS = 2.5
+BP_SHARE = (0.8, 1.2)
+# A foreign (Redisson-style) waiter beside django-rlock's: neither starved nor starving.
+F_SHARE = (0.5, 2.0)
 W_MAX_ROUND_TRIPS = 100.0
 
 
@@ -68,15 +75,52 @@ class Target:
         return "n/a" if self.ok is None else ("PASS" if self.ok else "MISS")
 
 
+@dataclass(frozen=True)
+class BMode:
+    """One B layout: ``procs`` processes of ``threads`` contenders each, on one key."""
+
+    procs: int
+    threads: int
+
+    @property
+    def between_processes(self) -> bool:
+        return self.procs > 1
+
+    @property
+    def label(self) -> str:
+        if not self.between_processes:
+            return f"{self.threads} threads"
+        return f"{self.procs} processes x {self.threads} thread{'s' if self.threads != 1 else ''}"
+
+    @property
+    def title(self) -> str:
+        return self.label if self.between_processes else f"{self.label} in one process"
+
+    @property
+    def max_wait_ms(self) -> float:
+        return BP_MAX_WAIT_MS if self.between_processes else B_MAX_WAIT_MS
+
+    @property
+    def max_client_cmds(self) -> float:
+        return BP_MAX_CLIENT_CMDS if self.between_processes else B_MAX_CLIENT_CMDS
+
+    @property
+    def share(self) -> tuple[float, float] | None:
+        """Bounds of every process's share of acquisitions (None: no target)."""
+        return BP_SHARE if self.between_processes else None
+
+
+def within(v: float, bounds: tuple[float, float]) -> bool:
+    return bounds[0] <= v <= bounds[1]
+
+
 @dataclass
 class Results:
-    a: dict[str, uncontended.LibResult] | None
-    b_threads: dict[str, contention.Summary] | None
-    b_procs: dict[str, contention.Summary] | None
-    w: renewal.WResult | None
-    threads: int
-    procs: int
     hold_ms: float
+    a: dict[str, uncontended.LibResult] | None = None
+    b: list[tuple[BMode, dict[str, contention.Summary]]] = field(default_factory=list)
+    f: foreign.FResult | None = None
+    w: renewal.WResult | None = None
 
 
 def table_a(a: dict[str, uncontended.LibResult]) -> Table:
@@ -140,23 +184,39 @@ def targets(res: Results) -> list[Target]:
         out.append(Target("A: uncontended pair p50 vs floor", f"<= {A_MAX_RATIO:.2f}x",
                           f"{num(r)}x ({num(res.a[RLOCK].p50_us, 1)} vs "
                           f"{num(res.a[FLOOR].p50_us, 1)} us)", r <= A_MAX_RATIO))
-    for label, b in (("threads", res.b_threads), ("processes", res.b_procs)):
-        if b is None or RLOCK not in b:
+    for mode, b in res.b:
+        if RLOCK not in b:
             continue
         s = b[RLOCK]
-        n = res.threads if label == "threads" else res.procs
-        tag = f"B {n} {label}"
+        tag = f"B {mode.label}"
         if PRL in b:
             out.append(Target(f"{tag}: cross-holder hand-off p50 vs python-redis-lock",
                               f"<= {B_MAX_CROSS_RATIO:.2f}x",
                               f"{num(s.cross_ratio)}x ({num(s.cross(50), 3)} vs "
                               f"{num(b[PRL].cross(50), 3)} ms)", s.cross_ratio <= B_MAX_CROSS_RATIO))
-        out.append(Target(f"{tag}: max acquire wait", f"<= {B_MAX_WAIT_MS:.0f} ms",
-                          f"{num(s.max_wait_ms, 1)} ms", s.max_wait_ms <= B_MAX_WAIT_MS))
-        out.append(Target(f"{tag}: client commands per acquisition", f"<= {B_MAX_CLIENT_CMDS}",
-                          num(s.client_per_acq), s.client_per_acq <= B_MAX_CLIENT_CMDS))
+        out.append(Target(f"{tag}: max acquire wait", f"<= {mode.max_wait_ms:.0f} ms",
+                          f"{num(s.max_wait_ms, 1)} ms", s.max_wait_ms <= mode.max_wait_ms))
+        out.append(Target(f"{tag}: client commands per acquisition", f"<= {mode.max_client_cmds}",
+                          num(s.client_per_acq), s.client_per_acq <= mode.max_client_cmds))
+        if mode.share is not None:
+            lo, hi = s.process_share_spread
+            clo, chi = s.share_spread
+            out.append(Target(f"{tag}: share min-max per process", f"{num(mode.share[0])}-"
+                              f"{num(mode.share[1])}", f"{num(lo)}-{num(hi)}"
+                              + (f" (per thread {num(clo)}-{num(chi)})" if mode.threads > 1 else ""),
+                              within(lo, mode.share) and within(hi, mode.share)))
         out.append(Target(f"{tag}: exclusion (counter, no overlap)", "no violation",
                           "ok" if s.checks_ok else "VIOLATED", s.checks_ok))
+    if res.f is not None:
+        f = res.f
+        bounds = f"{num(F_SHARE[0])}-{num(F_SHARE[1])}"
+        out.append(Target(f"F: {FOREIGN}'s share vs django-rlock's mean", bounds,
+                          num(f.foreign_share), within(f.foreign_share, F_SHARE)))
+        lo, hi = f.rlock_spread
+        out.append(Target("F: django-rlock processes' share min-max vs their mean", bounds,
+                          f"{num(lo)}-{num(hi)}", within(lo, F_SHARE) and within(hi, F_SHARE)))
+        out.append(Target("F: exclusion (counter, no overlap)", "no violation",
+                          "ok" if f.checks_ok else "VIOLATED", f.checks_ok))
     if res.w is not None:
         w = res.w
         out.append(Target("W: renewal round trips per period", f"<= {W_MAX_ROUND_TRIPS:.0f}",
@@ -165,6 +225,59 @@ def targets(res: Results) -> list[Target]:
         out.append(Target("W: every lock still alive", f"{w.locks:,} with TTL > 0",
                           f"{w.alive:,}", w.alive == w.locks))
     return out
+
+
+def table_f(f: foreign.FResult) -> Table:
+    rows = [[f.label(p), f"{f.acquisitions(p):,}", num(f.share(p)),
+             f"{num(100 * f.straight_back(p), 1)}%", num(f.max_wait_ms([p]), 1),
+             num(f.wait_p99_ms([p]), 1), num(f.client_per_acq([p]))] for p in f.procs]
+    return Table(f"(F) {f.rlock_procs} django-rlock processes and one {FOREIGN}, one key "
+                 f"(acquisitions: total of {len(f.runs)} round(s))",
+                 ["process", "acquisitions", "share vs django-rlock mean", "straight back",
+                  "max wait ms", "p99 wait ms", "client cmds/acq"], rows)
+
+
+def _f_directions(f: foreign.FResult) -> list[tuple[str, list[float]]]:
+    return [(f"django-rlock -> {FOREIGN}", f.handoffs_ms(True, False)),
+            (f"{FOREIGN} -> django-rlock", f.handoffs_ms(False, True)),
+            ("django-rlock -> another django-rlock process", f.handoffs_ms(False, False))]
+
+
+def table_f_handoffs(f: foreign.FResult) -> Table:
+    rows = [[d, f"{len(g):,}", num(percentile(g, 50), 3), num(percentile(g, 99), 3)]
+            for d, g in _f_directions(f)]
+    return Table("(F) hand-offs between processes (next acquire returning - release called)",
+                 ["direction", "hand-offs", "p50 ms", "p99 ms"], rows)
+
+
+def f_observations(f: foreign.FResult) -> list[str]:
+    rl = list(range(f.rlock_procs))
+    notes = [
+        f"F: the {FOREIGN} took {f.acquisitions(f.foreign):,} acquisitions against "
+        f"{'/'.join(f'{f.acquisitions(p):,}' for p in rl)} for the django-rlock processes "
+        f"(share {num(f.foreign_share)} of their mean); it got the lock straight back after its "
+        f"own release in {num(100 * f.straight_back(f.foreign), 1)}% of its acquisitions, "
+        f"django-rlock's processes in at most "
+        f"{num(100 * max(f.straight_back(p) for p in rl), 1)}%; worst wait "
+        f"{num(f.max_wait_ms([f.foreign]), 1)} ms ({FOREIGN}) and {num(f.max_wait_ms(rl), 1)} ms "
+        f"(django-rlock); client commands per acquisition {num(f.client_per_acq([f.foreign]))} "
+        f"and {num(f.client_per_acq(rl))}; hand-off p50 "
+        + "; ".join(f"{d} {num(percentile(g, 50), 3)} ms" for d, g in _f_directions(f)) + "."]
+    lo, hi = f.rlock_spread
+    if f.foreign_share > F_SHARE[1]:
+        notes.append(f"F: MISS: the {FOREIGN} is starving django-rlock's processes: it took "
+                     f"{num(f.foreign_share)} times as many acquisitions as each of them on "
+                     f"average.")
+    if f.foreign_share < F_SHARE[0]:
+        notes.append(f"F: MISS: the {FOREIGN} is starved: it took {num(f.foreign_share)} times "
+                     f"as many acquisitions as each django-rlock process on average.")
+    if not (within(lo, F_SHARE) and within(hi, F_SHARE)):
+        notes.append(f"F: MISS: the django-rlock processes' shares ran from {num(lo)} to "
+                     f"{num(hi)} of their mean.")
+    if not f.checks_ok:
+        notes.append(f"F: FAILED the exclusion/counter check "
+                     f"({'; '.join(f.errors[:3]) or 'lost updates or overlapping holds'}).")
+    return notes
 
 
 def table_targets(ts: list[Target]) -> Table:
@@ -187,33 +300,45 @@ def observations(res: Results) -> list[str]:
         notes.append(f"A: a django-rlock pair is two EVALSHA, like the floor, and costs "
                      f"{num(abs(diff), 1)} us {'more' if diff >= 0 else 'less'} at p50 "
                      f"({num(ra.ratio)}x): {why}.")
-    for label, b, n in (("threads", res.b_threads, res.threads), ("processes", res.b_procs, res.procs)):
-        if b is None or RLOCK not in b:
+    for mode, b in res.b:
+        if RLOCK not in b:
             continue
         s = b[RLOCK]
+        tag = f"B {mode.label}"
         bd = s.breakdown("client")
-        attempts = bd.get("evalsha", 0.0) + bd.get("eval", 0.0) - 1.0
+        scripts = bd.get("evalsha", 0.0) + bd.get("eval", 0.0)
+        rest = ", ".join(f"{k} {num(v)}" for k, v in bd.items() if k not in ("evalsha", "eval")
+                         and v >= 0.005)
         notes.append(
-            f"B {n} {label}: django-rlock made {num(attempts)} acquire attempts per acquisition "
-            f"(EVALSHA per acquisition minus the one release); {num(100 * s.self_fraction, 1)}% "
-            f"of hand-offs went back to the same holder; worst wait {num(s.max_wait_ms, 1)} ms.")
-        if s.client_per_acq > B_MAX_CLIENT_CMDS:
+            f"{tag}: django-rlock sent {num(scripts)} EVALSHA per acquisition: one release and "
+            f"{num(scripts - 1)} acquire attempts, failed ones included (a waiter that a release "
+            f"grants the lock to sends no command for it){f', besides {rest}' if rest else ''}; "
+            f"{num(100 * s.self_fraction, 1)}% of hand-offs went back to the same holder; worst "
+            f"wait {num(s.max_wait_ms, 1)} ms.")
+        if s.client_per_acq > mode.max_client_cmds:
             notes.append(
-                f"B {n} {label}: MISS on client commands ({num(s.client_per_acq)} > "
-                f"{B_MAX_CLIENT_CMDS}): every failed attempt is one more EVALSHA. A release "
-                f"PUBLISHes to every process subscribed to the lock's channel (the releasing "
-                f"process's own subscription included) and each wakes one waiter, so up to {n} "
-                f"attempts race for each hand-off and all but one fail.")
-        if s.max_wait_ms > B_MAX_WAIT_MS:
-            notes.append(f"B {n} {label}: MISS on max wait ({num(s.max_wait_ms, 1)} ms).")
+                f"{tag}: MISS on client commands ({num(s.client_per_acq)} > "
+                f"{mode.max_client_cmds}): an acquisition needs one acquire attempt at most (one "
+                f"that finds the lock free, or the failed one that puts a waiter in line for a "
+                f"grant); the other {num(scripts - 2)} per acquisition are attempts that failed.")
+        if s.max_wait_ms > mode.max_wait_ms:
+            notes.append(f"{tag}: MISS on max wait ({num(s.max_wait_ms, 1)} ms > "
+                         f"{mode.max_wait_ms:.0f} ms).")
+        if mode.share is not None:
+            lo, hi = s.process_share_spread
+            if not (within(lo, mode.share) and within(hi, mode.share)):
+                notes.append(f"{tag}: MISS on fairness: the processes' shares of acquisitions "
+                             f"ran from {num(lo)} to {num(hi)} of the mean.")
         if PRL in b and not s.cross_ratio <= B_MAX_CROSS_RATIO:
-            notes.append(f"B {n} {label}: MISS on hand-off speed: cross-holder p50 is "
+            notes.append(f"{tag}: MISS on hand-off speed: cross-holder p50 is "
                          f"{num(s.cross_ratio)}x python-redis-lock's.")
         for lib, other in b.items():
             if not other.checks_ok:
                 errs = [e for r in other.runs for e in r.errors][:3]
-                notes.append(f"B {n} {label}: {lib} FAILED its exclusion/counter check "
+                notes.append(f"{tag}: {lib} FAILED its exclusion/counter check "
                              f"({'; '.join(errs) or 'lost updates or overlapping holds'}).")
+    if res.f is not None:
+        notes += f_observations(res.f)
     if res.w is not None:
         w = res.w
         notes.append(
@@ -227,14 +352,12 @@ def render_text(res: Results) -> str:
     parts: list[str] = []
     if res.a is not None:
         parts.append(table_a(res.a).text())
-    if res.b_threads is not None:
-        parts.append(table_b(f"(B) {res.threads} threads in one process, hold ~{res.hold_ms:g} ms",
-                             res.b_threads).text())
-        parts.append(table_breakdown("commands per acquisition, threads", res.b_threads).text())
-    if res.b_procs is not None:
-        parts.append(table_b(f"(B) {res.procs} processes, one thread each, hold ~{res.hold_ms:g} ms",
-                             res.b_procs).text())
-        parts.append(table_breakdown("commands per acquisition, processes", res.b_procs).text())
+    for mode, b in res.b:
+        parts.append(table_b(f"(B) {mode.title}, hold ~{res.hold_ms:g} ms", b).text())
+        parts.append(table_breakdown(f"commands per acquisition, {mode.label}", b).text())
+    if res.f is not None:
+        parts.append(table_f(res.f).text())
+        parts.append(table_f_handoffs(res.f).text())
     if res.w is not None:
         parts.append(table_w(res.w).text())
     parts.append(table_targets(targets(res)).text())
@@ -262,14 +385,13 @@ def render_markdown(res: Results, path: Path, command: str, machine: list[tuple[
     md += ["## Targets", "", table_targets(targets(res)).markdown(), ""]
     if res.a is not None:
         md += ["## (A) Uncontended lock+unlock", "", table_a(res.a).markdown(), ""]
-    if res.b_threads is not None:
-        md += [f"## (B) Contention: {res.threads} threads in one process", "",
-               table_b("", res.b_threads).markdown(), "",
-               table_breakdown("", res.b_threads).markdown(), ""]
-    if res.b_procs is not None:
-        md += [f"## (B) Contention: {res.procs} processes", "",
-               table_b("", res.b_procs).markdown(), "",
-               table_breakdown("", res.b_procs).markdown(), ""]
+    for mode, b in res.b:
+        md += [f"## (B) Contention: {mode.title}", "", table_b("", b).markdown(), "",
+               table_breakdown("", b).markdown(), ""]
+    if res.f is not None:
+        md += [f"## (F) A foreign waiter: {res.f.rlock_procs} django-rlock processes and one "
+               f"{FOREIGN}", "", table_f(res.f).markdown(), "",
+               table_f_handoffs(res.f).markdown(), ""]
     if res.w is not None:
         md += ["## (W) Watchdog: many locks held by one process", "", table_w(res.w).markdown(), ""]
     md += ["## What the numbers say", "", *[f"- {n}" for n in observations(res)], ""]

@@ -23,7 +23,7 @@ if str(ROOT) not in sys.path:
 
 import redis
 
-from bench import contention, renewal, report, uncontended
+from bench import contention, foreign, renewal, report, uncontended
 from bench.clients import FLOOR, PRL, REDIS_PY, RLOCK, RLOCK_LEASE, commandstats, delta
 from bench.server import RedisServer
 
@@ -37,16 +37,19 @@ class Plan:
     w_locks: int
     w_settle: float
     w_observe: float
-    threads: int = 8
-    procs: int = 4
+    f_rounds: int
+    f_seconds: float
+    #: B layouts, (processes, threads each): in-process, then between processes (issue #11).
+    b_modes: tuple[tuple[int, int], ...] = ((1, 8), (4, 1), (4, 2))
     hold_s: float = 0.001
     w_timeout: float = 3.0
+    f_rlock_procs: int = 3
 
 
 FULL = Plan(a_rounds=3, a_seconds=2.0, b_rounds=3, b_seconds=4.0, w_locks=10_000, w_settle=2,
-            w_observe=9)
+            w_observe=9, f_rounds=2, f_seconds=4.0)
 QUICK = Plan(a_rounds=1, a_seconds=1.0, b_rounds=1, b_seconds=2.5, w_locks=10_000, w_settle=1,
-             w_observe=3)
+             w_observe=3, f_rounds=1, f_seconds=2.5)
 
 A_LIBS = [FLOOR, RLOCK, RLOCK_LEASE, REDIS_PY, PRL]
 B_LIBS = [RLOCK, REDIS_PY, PRL]
@@ -113,7 +116,9 @@ def method_notes(plan: Plan, counted: bool, server: RedisServer) -> list[str]:
         "holder's release call; cross-holder = the holder changed; same holder = a contender "
         "got the lock straight back. Wait = acquire call to acquire return. share min-max = "
         "fewest and most acquisitions of one contender relative to the mean (1.00 is fair). "
-        "Medians over rounds, except max wait (the worst of all rounds)."),
+        "Medians over rounds, except max wait (the worst of all rounds). Layouts: "
+        + ", ".join(report.BMode(p, t).title for p, t in plan.b_modes) + "; between processes "
+        "the share target is per process (all its threads together)."),
         ("Exclusion is checked twice: the non-atomic counter must equal the number of "
         "acquisitions, and no hand-off gap may be negative (an overlap)."),
         "Client commands are counted at redis-py's command packer in the contender processes "
@@ -132,6 +137,16 @@ def method_notes(plan: Plan, counted: bool, server: RedisServer) -> list[str]:
         "`watchdog().round_trips` and `.renewed` deltas, process CPU (`time.process_time`) and "
         "the watchdog thread's own CPU clock, and the server's INFO. Then every key's PTTL is "
         "read and all locks are released."),
+        (f"(F) {plan.f_rounds} round(s) of {plan.f_seconds:g} s: {plan.f_rlock_procs} spawned "
+        "django-rlock processes (`RLock`, watchdog mode) and one spawned process that calls "
+        "nothing of django-rlock and runs what a Java Redisson client sends for "
+        "`tryLock(waitTime)`/`unlock()`: Redisson's acquire script (field `<uuid>:<thread>`, "
+        "lease 30 s); on failure a plain SUBSCRIBE (RESP2, its own connection) to "
+        "`redisson_lock__channel:{key}`, one more try, then a wait for `0` or the returned PTTL "
+        "before each retry; UNSUBSCRIBE once it holds the lock; Redisson's unlock script "
+        "(`del`, `publish 0`). One thread each, the B loop (counter, ~1 ms hold, records). "
+        "Share = a process's acquisitions (total over rounds) / the mean of the django-rlock "
+        "processes'; straight back = its acquisitions that followed its own release."),
         ("On a 2-core machine the client processes, redis-server and anything else running "
         "share two CPUs; absolute numbers move between runs, ratios within a run much less."),
     ]
@@ -141,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="~1 minute smoke run (fewer, shorter rounds)")
     ap.add_argument("--markdown", metavar="PATH", help="write the results page (e.g. docs/benchmarks.md)")
-    ap.add_argument("--only", default="abw", help="phases to run, any of a, b, w (default: abw)")
+    ap.add_argument("--only", default="abfw",
+                    help="phases to run, any of a, b, f, w (default: abfw)")
     args = ap.parse_args(argv)
     plan = QUICK if args.quick else FULL
     only = set(args.only.lower())
@@ -154,17 +170,21 @@ def main(argv: list[str] | None = None) -> int:
     with RedisServer() as server:
         phase(f"redis-server {server.version} on {server.socket_path}")
         counted = script_calls_counted(server)
-        res = report.Results(None, None, None, None, plan.threads, plan.procs, plan.hold_s * 1e3)
+        res = report.Results(plan.hold_s * 1e3)
         if "a" in only:
             phase("A: uncontended pairs")
             res.a = uncontended.run(server, A_LIBS, plan.a_rounds, plan.a_seconds)
         if "b" in only:
-            phase(f"B: {plan.threads} threads")
-            res.b_threads = contention.run(server, B_LIBS, 1, plan.threads, plan.b_rounds,
-                                           plan.b_seconds, plan.hold_s, PRL, "threads")
-            phase(f"B: {plan.procs} processes")
-            res.b_procs = contention.run(server, B_LIBS, plan.procs, 1, plan.b_rounds,
-                                         plan.b_seconds, plan.hold_s, PRL, "procs")
+            for procs, threads in plan.b_modes:
+                mode = report.BMode(procs, threads)
+                phase(f"B: {mode.label}")
+                res.b.append((mode, contention.run(server, B_LIBS, procs, threads, plan.b_rounds,
+                                                   plan.b_seconds, plan.hold_s, PRL,
+                                                   f"{procs}x{threads}")))
+        if "f" in only:
+            phase(f"F: {plan.f_rlock_procs} django-rlock processes and a foreign waiter")
+            res.f = foreign.run(server, plan.f_rounds, plan.f_seconds, plan.hold_s,
+                                plan.f_rlock_procs)
         if "w" in only:
             phase(f"W: {plan.w_locks:,} watchdog-mode locks")
             res.w = renewal.run(server, plan.w_locks, plan.w_timeout, plan.w_settle, plan.w_observe)
@@ -177,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = [("mode", "quick" if args.quick else "full"),
                     ("A", f"{plan.a_rounds} round(s) x {plan.a_seconds:g} s per library"),
                     ("B", f"{plan.b_rounds} round(s) x {plan.b_seconds:g} s per library and mode"),
+                    ("F", f"{plan.f_rounds} round(s) x {plan.f_seconds:g} s"),
                     ("W", f"{plan.w_locks:,} locks, {plan.w_observe:g} periods observed"),
                     ("wall time", f"{time.monotonic() - t0:.0f} s")]
         path.parent.mkdir(parents=True, exist_ok=True)
