@@ -90,7 +90,8 @@ return ttl
 # n >= 1 = released, and n - 1 subscribers got the message (1 when every subscriber is a
 # django-rlock process with nobody in line: none of them is owed the first go).
 # A foreign subscriber (on KEYS[2] but not on KEYS[6]: a Redisson client, another kind) is
-# never bypassed: the lock is then freed with Redisson's "0" and whoever is first takes it.
+# never starved: while one waits, every other release frees the lock with Redisson's "0"
+# (whoever is first takes it), and the line is granted the others ("!turn" in KEYS[5]).
 RELEASE = """
 if ARGV[8] and ARGV[8] ~= '' and redis.call('hget', KEYS[5], '=' .. ARGV[1]) ~= ARGV[8] then
   redis.call('hdel', KEYS[5], ARGV[8])
@@ -113,7 +114,14 @@ if KEYS[6] then
 end
 if KEYS[6] and redis.call('llen', KEYS[4]) > 0 then
   foreign = outsiders()
-  if not foreign then
+  local grant = not foreign
+  if foreign then
+    -- Someone outside the line waits too (a Redisson client): it gets every other release of
+    -- ours (freed with "0"), the line the others, so neither side can starve the other.
+    grant = redis.call('hget', KEYS[5], '!turn') == 'line'
+    redis.call('hset', KEYS[5], '!turn', grant and 'free' or 'line')
+  end
+  if grant then
     """ + _NOW_MS + """
     while true do
       local token = redis.call('lpop', KEYS[4])

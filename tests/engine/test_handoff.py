@@ -116,7 +116,8 @@ def until(cond, timeout: float = 10.0, what: str = "condition") -> None:
 
 
 def in_line(r: redis.Redis, name: str) -> int:
-    return int(r.hlen(handoff_waiters(name)))
+    """Waiters with an entry (tokens are "<owner>#<n>"; "=<owner>" and "!turn" are records)."""
+    return sum(1 for f in r.hkeys(handoff_waiters(name)) if b"#" in f and not f.startswith(b"="))
 
 
 def test_every_name_of_the_hand_off_is_in_the_locks_slot_and_never_shared():
@@ -321,3 +322,26 @@ def test_stress_with_sigkilled_and_cancelled_waiters_keeps_exclusion(r, redis_se
     # Dead heirs one after another cost a grant lease and a re-check (a housekeeping tick) each.
     assert longest < 15.0, longest
     until(lambda: not r.exists("xs"), timeout=10, what="the lock free at the end")
+
+
+def test_with_a_foreign_waiter_releases_alternate_between_freeing_and_granting(r, holders):
+    """Neither side starves the other: while a Redisson client waits, every other release of
+    ours frees the lock with "0" (its turn) and the others grant it to our line."""
+    foreign = r.pubsub()
+    foreign.subscribe(lock_channel("xt"))
+    assert foreign.get_message(timeout=2)["type"] == "subscribe"
+    locks = [RLock(r, "xt") for _ in range(4)]
+    threads = [holders() for _ in range(4)]
+    threads[0].call(locks[0].lock)
+    heard = []
+    for i in range(3):
+        nxt = threads[i + 1].submit(lambda i=i: locks[i + 1].try_lock(wait_time=20))
+        until(lambda: in_line(r, "xt") == 1, what="the next waiter in line")
+        time.sleep(0.3)
+        threads[i].call(locks[i].unlock)
+        assert nxt(10) is True  # freed (nobody else takes it) or granted: ours either way
+        msg = foreign.get_message(timeout=0.5)
+        heard.append(msg is not None and msg["data"] == b"0")
+    assert heard == [True, False, True]
+    threads[3].call(locks[3].unlock)
+    foreign.close()
