@@ -115,6 +115,17 @@ def until(cond, timeout: float = 10.0, what: str = "condition") -> None:
         time.sleep(0.01)
 
 
+def held_with_a_waiter_in_line(r, redis_server, holders, procs, name: str, *args: str):
+    """A thread of ours holds ``name``; a waiter process is in line for it. (lock, holder, it)"""
+    lock = RLock(r, name)
+    holder = holders()
+    holder.call(lock.lock)
+    waiter = procs("wait_hold", redis_server.socket, name, *args)
+    waiter.expect("waiting")
+    until(lambda: in_line(r, name) == 1, what="the waiter in line")
+    return lock, holder, waiter
+
+
 def in_line(r: redis.Redis, name: str) -> int:
     """Waiters with an entry (tokens are "<owner>#<n>"; "=<owner>" and "!turn" are records)."""
     return sum(1 for f in r.hkeys(handoff_waiters(name)) if b"#" in f and not f.startswith(b"="))
@@ -132,12 +143,7 @@ def test_every_name_of_the_hand_off_is_in_the_locks_slot_and_never_shared():
 
 def test_a_waiter_in_another_process_is_granted_the_lock_without_a_command(r, redis_server,
                                                                            holders, procs):
-    lock = RLock(r, "xg")
-    holder = holders()
-    holder.call(lock.lock)
-    waiter = procs("wait_hold", redis_server.socket, "xg")
-    waiter.expect("waiting")
-    until(lambda: in_line(r, "xg") == 1, what="the waiter in line")
+    lock, holder, waiter = held_with_a_waiter_in_line(r, redis_server, holders, procs, "xg")
     # The line is the lock's, not a lock: a listing that walks every key skips it.
     assert r.exists(handoff_queue("xg"), handoff_waiters("xg")) == 2
     assert Locks(r, "").names(scan=True) == ["xg"]
@@ -159,12 +165,7 @@ def test_a_waiter_in_another_process_is_granted_the_lock_without_a_command(r, re
 
 
 def test_a_lease_mode_heir_has_its_whole_lease_when_it_returns(r, redis_server, holders, procs):
-    lock = RLock(r, "xl")
-    holder = holders()
-    holder.call(lock.lock)
-    waiter = procs("wait_hold", redis_server.socket, "xl", "10")
-    waiter.expect("waiting")
-    until(lambda: in_line(r, "xl") == 1, what="the waiter in line")
+    lock, holder, waiter = held_with_a_waiter_in_line(r, redis_server, holders, procs, "xl", "10")
     time.sleep(0.3)
     holder.call(lock.unlock)
     waiter.expect("locked")
@@ -175,12 +176,7 @@ def test_a_sigkilled_waiter_in_line_costs_at_most_the_grant_lease(r, redis_serve
     """The dead waiter is first in line: the release grants it the lock, which then expires
     unannounced after the short grant lease, and the next waiter, told of the grant, checks
     just after. Without the grant lease it would be the holder's 30 s TTL."""
-    lock = RLock(r, "xd")
-    holder = holders()
-    holder.call(lock.lock)
-    dead = procs("wait_hold", redis_server.socket, "xd")
-    dead.expect("waiting")
-    until(lambda: in_line(r, "xd") == 1, what="the first waiter in line")
+    lock, holder, dead = held_with_a_waiter_in_line(r, redis_server, holders, procs, "xd")
     time.sleep(0.3)
     dead.kill()
     nxt = holders().submit(lambda: (RLock(r, "xd").try_lock(wait_time=20), time.monotonic()))
