@@ -6,6 +6,8 @@ import re
 import threading
 import time
 
+import pytest
+
 from django_rlock import RLock
 from django_rlock.engine import identity
 from django_rlock.engine.naming import lock_channel
@@ -82,3 +84,37 @@ def test_a_foreign_redisson_holder_blocks_us_and_its_publish_wakes_us(r):
     r.publish("redisson_lock__channel:{shared}", "0")
     t.join(10)
     assert got and got[0] < 5  # woken by the message, not by the 30 s PTTL
+
+
+@pytest.mark.parametrize("key", ["plain", "a{tag}b", "{whole}", "çà:é", "x:y:z"])
+def test_every_name_of_every_kind_hashes_to_the_locks_cluster_slot(r, key):
+    """Each script touches one slot (a cluster refuses CROSSSLOT), and sharded pub/sub needs
+    each channel in its key's slot. Names as the kinds build them, not as the test expects."""
+    from redis.crc import key_slot
+
+    from django_rlock import (
+        CountDownLatch,
+        FairLock,
+        FencedLock,
+        PermitExpirableSemaphore,
+        ReadWriteLock,
+        Semaphore,
+    )
+
+    slot = key_slot(key.encode())
+    lock, fair, fenced = RLock(r, key), FairLock(r, key), FencedLock(r, key)
+    rw = ReadWriteLock(r, key)
+    sem, pes = Semaphore(r, key), PermitExpirableSemaphore(r, key)
+    names = [*lock._release_keys, *lock._wait_keys, fair.queue_key, fair.timeout_key,
+             fair._wait_channel("owner:1"), fenced.token_key, rw.read_lock()._channel,
+             rw.write_lock()._channel, sem._channel, pes._channel, pes.timeout_key]
+    latch = CountDownLatch(r, key)._channel
+    # The one name outside: the per-prefix index the acquire scripts write (a cluster needs it
+    # kept per node instead; docs/engine.md, "Not done yet").
+    names = [n for n in names if n != lock._index]
+    for name in names:
+        raw = name if isinstance(name, bytes) else name.encode()
+        assert key_slot(raw) == slot, (key, name)
+    # Redisson wraps a latch's name in literal braces whatever it holds: with a hash tag in the
+    # key, its channel falls in another slot (as in Redisson). Everything else is in the slot.
+    assert (key_slot(latch) == slot) == ("{" not in key)
