@@ -36,7 +36,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
             hint="pip install 'django-rlock[prometheus]', or set RLOCK['PROMETHEUS'] = False.",
             id="django_rlock.E005"))
     alias = config["CACHE"]
-    if isinstance(alias, str):
+    if config["REDIS_URL"] is None and isinstance(alias, str):
         messages.extend(check_cache(alias))
     return messages
 

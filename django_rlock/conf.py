@@ -18,6 +18,7 @@ from django.dispatch import receiver
 
 class Config(TypedDict):
     CACHE: str
+    REDIS_URL: str | None
     PREFIX: str | None
     WATCHDOG_TIMEOUT: float
     BUSY_STATUS: int
@@ -30,6 +31,9 @@ class Config(TypedDict):
 DEFAULTS: Config = {
     # Alias in CACHES whose Redis connection the locks use.
     "CACHE": "default",
+    # A Redis URL (redis://, rediss://, unix://) the locks use instead of a cache's connection:
+    # for a cache that is not Redis, or locks on a server of their own. Wins over CACHE.
+    "REDIS_URL": None,
     # Key prefix of lock hashes; None: "<KEY_PREFIX>:rlock:" (or "rlock:" without KEY_PREFIX).
     "PREFIX": None,
     # Lease of a lock held without lease_time, renewed every third of it while held.
@@ -74,6 +78,11 @@ def validate(config: Mapping[str, Any]) -> list[str]:
     cache = config["CACHE"]
     if not isinstance(cache, str) or not cache:
         problems.append(f"RLOCK['CACHE'] must be a cache alias (a non-empty str), got {cache!r}")
+    url = config["REDIS_URL"]
+    if url is not None and (not isinstance(url, str)
+                            or not url.startswith(("redis://", "rediss://", "unix://"))):
+        problems.append(f"RLOCK['REDIS_URL'] must be None or a redis://, rediss:// or unix:// "
+                        f"URL, got {url!r}")
     prefix = config["PREFIX"]
     if prefix is not None and not isinstance(prefix, str):
         problems.append(f"RLOCK['PREFIX'] must be a str or None, got {prefix!r}")

@@ -14,6 +14,8 @@ from django.conf import settings
 from django.core.cache import caches
 from django.core.cache.backends.redis import RedisCache as BuiltinRedisCache
 from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 
 from .conf import get_config, lock_options
 from .decorators import check_kind, check_permits, lock_of_kind
@@ -23,8 +25,23 @@ if TYPE_CHECKING:
     import redis
 
 
+#: What ``cache_alias()`` names the connection of ``RLOCK['REDIS_URL']`` (listings show it).
+URL_ALIAS = "RLOCK['REDIS_URL']"
+
+#: URL -> client. Resolved on first use, dropped when the RLOCK setting changes; redis-py's
+#: pool notices a fork and opens new connections in the child.
+_url_clients: dict[str, Any] = {}
+
+
 def cache_alias(cache: str | None = None) -> str:
-    """``cache``, or ``RLOCK['CACHE']``; ImproperlyConfigured if CACHES has no such alias."""
+    """``cache``, or ``RLOCK['CACHE']`` (``URL_ALIAS`` when ``RLOCK['REDIS_URL']`` is set);
+    ImproperlyConfigured if CACHES has no such alias."""
+    if cache is None and get_config()["REDIS_URL"] is not None:
+        return URL_ALIAS
+    if cache == URL_ALIAS:
+        if get_config()["REDIS_URL"] is None:
+            raise ImproperlyConfigured(f"django-rlock: {URL_ALIAS} is not set")
+        return cache
     alias = cache if cache is not None else get_config()["CACHE"]
     if alias not in settings.CACHES:
         raise ImproperlyConfigured(
@@ -54,6 +71,8 @@ def get_client(cache: str | None = None) -> redis.Redis:
     A lock must always be taken on the primary, so a replica is never returned.
     """
     alias = cache_alias(cache)
+    if alias == URL_ALIAS:
+        return _url_client(get_config()["REDIS_URL"])  # type: ignore[arg-type]
     backend = caches[alias]
     dj_redis = _django_redis_cache()
     if dj_redis is not None and isinstance(backend, dj_redis):
@@ -73,6 +92,21 @@ def get_client(cache: str | None = None) -> redis.Redis:
         f"django.core.cache.backends.redis.RedisCache cache")
 
 
+def _url_client(url: str) -> redis.Redis:
+    client = _url_clients.get(url)
+    if client is None:
+        import redis
+
+        client = _url_clients.setdefault(url, redis.Redis.from_url(url))
+    return client
+
+
+@receiver(setting_changed)
+def _drop_url_clients(*, setting: str, **kwargs: Any) -> None:
+    if setting == "RLOCK":
+        _url_clients.clear()
+
+
 def get_prefix(cache: str | None = None) -> str:
     """The key prefix of lock hashes: ``RLOCK['PREFIX']``, else ``"<KEY_PREFIX>:rlock:"``.
 
@@ -86,7 +120,10 @@ def get_prefix(cache: str | None = None) -> str:
         if not isinstance(prefix, str):
             raise ImproperlyConfigured(f"RLOCK['PREFIX'] must be a str or None, got {prefix!r}")
         return prefix
-    key_prefix = settings.CACHES[cache_alias(cache)].get("KEY_PREFIX") or ""
+    alias = cache_alias(cache)
+    if alias == URL_ALIAS:
+        return "rlock:"
+    key_prefix = settings.CACHES[alias].get("KEY_PREFIX") or ""
     return f"{key_prefix}:rlock:" if key_prefix else "rlock:"
 
 

@@ -208,3 +208,27 @@ def test_sync_and_metrics_settings_reach_every_lock_and_bad_values_are_e003(sett
     settings.RLOCK = {"SYNC_REPLICAS": "all", "SYNC_TIMEOUT": 0, "PROMETHEUS": "yes"}
     problems = [m.msg for m in check_settings() if m.id == "django_rlock.E003"]
     assert len(problems) == 3 and any("SYNC_REPLICAS" in p for p in problems)
+
+
+def test_redis_url_serves_locks_when_the_cache_is_not_redis(settings: Any,
+                                                           own_server: RedisServer) -> None:
+    """RLOCK['REDIS_URL']: locks on a Redis of their own (here the cache is LocMem): get_lock,
+    the listing and the checks use it; an explicit cache alias still means that cache."""
+    from django_rlock.inspect import list_locks
+
+    settings.CACHES = {**settings.CACHES,
+                       "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+    settings.RLOCK = {"REDIS_URL": f"unix://{own_server.socket}?db=2"}
+    assert check_settings() == []
+    lock = get_lock("by-url")
+    lock.lock()
+    try:
+        with own_server.client(db=2) as c:
+            assert c.exists("rlock:by-url")  # its own prefix: no cache KEY_PREFIX applies
+        assert get_prefix() == "rlock:" and get_client() is get_client()
+        assert [i.name for i in list_locks()] == ["by-url"]
+    finally:
+        lock.unlock()
+    settings.RLOCK = {"REDIS_URL": "http://example.com"}
+    errors = [m for m in check_settings() if m.id == "django_rlock.E003"]
+    assert len(errors) == 1 and "REDIS_URL" in errors[0].msg
