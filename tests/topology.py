@@ -126,7 +126,37 @@ class SentinelProcess:
             proc.wait()
 
 
-class SentinelTopology:
+class Processes:
+    """What every throw-away topology shares: its clients, server processes and temp dir,
+    all gone on ``stop()`` (and on leaving the ``with`` block), however the test ended."""
+
+    _clients: list[Any]
+    servers: list[RedisServer]
+    dir: Path
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        for c in self._clients:
+            try:
+                c.close()
+            except Exception:
+                pass
+        self._clients.clear()
+        for server in self.servers:
+            server.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+
+class SentinelTopology(Processes):
     """A master, ``replicas`` replicas of it and ``sentinels`` sentinels watching it.
 
     ``servers[0]`` is the first master; which server is the master later is the sentinels'
@@ -212,24 +242,9 @@ class SentinelTopology:
         return True
 
     def stop(self) -> None:
-        for c in self._clients:
-            try:
-                c.close()
-            except Exception:
-                pass
-        self._clients.clear()
         for s in self.sentinels:
             s.stop()
-        for server in self.servers:
-            server.stop()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.stop()
+        super().stop()
 
     # -- clients ---------------------------------------------------------------------------
     @property
