@@ -18,9 +18,10 @@ from typing import Any
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
-from . import events, identity, pubsub, replicas, waiting
+from . import events, identity, pubsub, replicas, waiting, wakeline
 from .errors import LockNotOwnedError, LockNotSyncedError
 from .naming import (
+    DIRECT_TOKEN_MARK,
     UNLOCK_MESSAGE,
     grant_channel,
     handoff_queue,
@@ -199,8 +200,10 @@ class LockBase:
         budget = -1 if deadline is None else max(0, math.ceil((deadline - time.monotonic()) * 1000))
         return ("claim" if claim else "", token, budget, REGISTRATION_SLACK_MS, grant_ms)
 
-    def _new_token(self, field: str) -> str:
-        return f"{field}#{next(_wait_serials)}"
+    def _new_token(self, field: str, direct: bool = False) -> str:
+        """A wait's name in the hand-off queue; ``direct``: its thread hears grants on its own
+        wake line (``wakeline``)."""
+        return f"{field}#{next(_wait_serials)}{DIRECT_TOKEN_MARK if direct else ''}"
 
     def _withdraw_args(self, field: str, token: str) -> tuple[Any, ...]:
         """A waiter giving up: its release if a grant reached it in Redis, else its entry out."""
@@ -328,7 +331,7 @@ class LockBase:
         return until
 
     def _waiting(self, k: HoldKey, lease_ms: int | None, t0: float, token: str | None = None,
-                 registered: bool = False) -> waiting.Wait:
+                 registered: bool = False, line: Any = None) -> waiting.Wait:
         """This lock's wait: its channel, and what a hand-off to the waiter needs."""
         if not self._HANDOFF:
             return waiting.Wait(self._sync_client, self._wait_channel(k[2]), self.key,
@@ -338,7 +341,8 @@ class LockBase:
                             on_grant=self._grant_callback(k, lease_ms, t0),
                             info=self._info(k[2]), grant=self._grant_channel,
                             token=None if token is None else token.encode(),
-                            registered=registered, grant_ms=self._grant_ms(lease_ms))
+                            registered=registered, grant_ms=self._grant_ms(lease_ms),
+                            line=line)
 
     # -- release bookkeeping --------------------------------------------------------------
     def _release_plan(self, k: HoldKey) -> _Release:
@@ -575,7 +579,10 @@ class RLock(LockBase):
         k = (self._server, self.key, self._field())
         park_until = self._park_first_until(k, wait)
         deadline = None if wait is None else t0 + wait
-        token = self._new_token(k[2]) if self._HANDOFF and wait != 0 else None
+        token = line = None
+        if self._HANDOFF and wait != 0:
+            line = wakeline.line_for(self._sync_client, k[2])
+            token = self._new_token(k[2], line is not None)
         registered = False
         if not park_until:
             heard = token is not None and self._grants_heard()
@@ -590,11 +597,11 @@ class RLock(LockBase):
                 # In line now, and a grant to us will be heard: sleep until it comes (or the
                 # holder's lease ends) instead of asking again.
                 park_until = time.monotonic() + (waiting.park_timeout(ttl, deadline) or 3600.0)
-        return self._wait(k, lease_ms, wait, park_until, t0, token, registered, deadline)
+        return self._wait(k, lease_ms, wait, park_until, t0, token, registered, deadline, line)
 
     def _wait(self, k: HoldKey, lease_ms: int | None, wait: float | None,
               park_until: float, t0: float, token: str | None = None, registered: bool = False,
-              deadline: float | None = None) -> bool:
+              deadline: float | None = None, line: Any = None) -> bool:
         if token is None:
             return waiting.wait(self._waiting(k, lease_ms, t0),
                                 lambda claim: self._attempt(k, lease_ms, t0, claim),
@@ -604,7 +611,11 @@ class RLock(LockBase):
             self._withdrawn(call_once(self._client, RELEASE_SCRIPT, self._release_keys,
                                       self._withdraw_args(k[2], token)))
 
-        got = waiting.wait(self._waiting(k, lease_ms, t0, token, registered),
+        if line is None:
+            # This wait's grant comes through the shared subscription; the thread's next
+            # ones come straight to it.
+            wakeline.open_line(self._sync_client, k[2])
+        got = waiting.wait(self._waiting(k, lease_ms, t0, token, registered, line),
                            lambda claim: self._attempt(k, lease_ms, t0, claim, (token, deadline)),
                            wait, self.unlock, park_until, withdraw)
         top_up = self._top_up(k) if got else None

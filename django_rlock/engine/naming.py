@@ -49,6 +49,19 @@ def grant_channel(key: str) -> str:
     return _prefixed(GRANT_CHANNEL_PREFIX, key)
 
 
+#: A waiting thread's own channel (``wakeline``): named by its owner, not by a lock, so one
+#: subscription serves every lock the thread ever waits for. Not a key: no slot to share.
+WAKE_CHANNEL_PREFIX = "rlock_wake"
+#: The last character of a token whose waiter listens on its own wake channel.
+DIRECT_TOKEN_MARK = "w"
+
+
+def wake_channel(owner: str) -> str:
+    """Where a release tells the waiter ``owner`` (a thread with a wake line) it granted it a
+    lock."""
+    return f"{WAKE_CHANNEL_PREFIX}:{owner}"
+
+
 INDEX_PREFIX = "rlock-index"
 
 

@@ -61,17 +61,23 @@ class Waiter:
 
     __slots__ = ("_park", "_loop", "_event", "signaled", "reserved", "granted", "abandoned",
                  "attempting", "key", "owner", "lease_ms", "on_grant", "info", "detached",
-                 "seen", "token", "registered", "grant_ms")
+                 "seen", "token", "registered", "grant_ms", "line", "pending", "deliver")
 
     def __init__(self, owner: str = "", lease_ms: int = 0,
                  on_grant: Callable[[int | None], None] | None = None,
                  loop: asyncio.AbstractEventLoop | None = None, key: str = "",
                  info: str = "", token: bytes | None = None, registered: bool = False,
-                 grant_ms: int = 0) -> None:
+                 grant_ms: int = 0, line: Any = None) -> None:
         self._loop = loop
+        #: A thread with a wake line of its own (``wakeline``) sleeps on it, not on a lock:
+        #: a wake is then ``pending`` plus a poke, and a grant is read and ``deliver``-ed there.
+        self.line = line
+        self.pending = False
+        self.deliver: Callable[[bytes], Any] | None = None
         if loop is None:
-            self._park = threading.Lock()
-            self._park.acquire()
+            if line is None:
+                self._park = threading.Lock()
+                self._park.acquire()
         else:
             self._event = asyncio.Event()
         self.signaled = False
@@ -94,6 +100,9 @@ class Waiter:
         self.grant_ms = grant_ms
 
     def park(self, timeout: float | None) -> None:
+        if self.line is not None:
+            self.line.park(self, timeout, self.deliver)
+            return
         if timeout is None:
             self._park.acquire()
         elif timeout > 0:
@@ -118,6 +127,10 @@ class Waiter:
             except RuntimeError:  # its loop is closed: the waiter is gone
                 self.abandoned = True
                 return False
+            return True
+        if self.line is not None:
+            self.pending = True
+            self.line.poke()
             return True
         try:
             self._park.release()
@@ -627,16 +640,19 @@ class PubSubManager:
               loop: asyncio.AbstractEventLoop | None = None, key: str = "",
               info: str = "", wakes: WakePolicy | None = None, grant: bytes | None = None,
               token: bytes | None = None, registered: bool = False,
-              grant_ms: int = 0) -> Slot:
+              grant_ms: int = 0, line: Any = None) -> Slot:
         """Join the channel's queue, subscribing if needed. Pair with ``Slot.leave()``.
 
         ``owner``, ``lease_ms``, ``on_grant`` and ``info`` let a releasing thread of this
         process hand the lock straight to this waiter (see ``reserve``). ``wakes``: how many
         waiters one message on this channel wakes (default: one). ``grant`` (the grant
         channel), ``token`` and ``grant_ms``: any process's release may grant it the lock
-        (``registered``: its first attempt already put it in line).
+        (``registered``: its first attempt already put it in line). ``line``: the thread's
+        own wake line, where grants to ``token`` arrive (``wakeline``).
         """
-        w = Waiter(owner, lease_ms, on_grant, loop, key, info, token, registered, grant_ms)
+        w = Waiter(owner, lease_ms, on_grant, loop, key, info, token, registered, grant_ms, line)
+        if line is not None:
+            w.deliver = lambda tok: self.granted(channel, tok)
         with self._lock:
             ch = self._channels.get(channel)
             if ch is None:

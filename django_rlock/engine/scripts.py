@@ -13,6 +13,8 @@ from typing import Any
 
 from redis.exceptions import NoScriptError, ResponseError
 
+from .naming import DIRECT_TOKEN_MARK, WAKE_CHANNEL_PREFIX
+
 # The index (``naming.index_key``): one hash per prefix, field = lock key, value =
 # "<server time, s.us> <json about the holder>". Written only where a holder starts (a new lock,
 # a hand-off) and removed where the key is deleted: never on reentry or renewal, so it costs the
@@ -85,7 +87,9 @@ return ttl
 # else its entry is dropped), ARGV[9] the releasing process's token prefix: a grant
 # to one of its own waiters is not published (the reply tells it).
 # Reply: nil = not owner; 0 = still held (count > 0, TTL reset to the lease in force);
-# a token (string) = granted to that registered waiter, short lease, named on KEYS[6];
+# a token (string) = granted to that registered waiter, short lease, named on KEYS[6] (or,
+# for a token ending in DIRECT_TOKEN_MARK, on its owner's wake channel only, and only if
+# someone listens there: else that waiter is skipped as dead);
 # -1 = handed to ARGV[4] (only when no other process waits: it never sees the lock free);
 # n >= 1 = released, and n - 1 subscribers got the message (1 when every subscriber is a
 # django-rlock process with nobody in line: none of them is owed the first go).
@@ -132,16 +136,21 @@ if KEYS[6] and redis.call('llen', KEYS[4]) > 0 then
       if entry then
         redis.call('hdel', KEYS[5], token)
         local deadline, grant, info = string.match(entry, '^(%d+) (%d+) (.*)$')
-        if tonumber(deadline) > now then
-          local heir = string.match(token, '^(.*)#')
+        local heir = string.match(token, '^(.*)#')
+        local own = ARGV[9] or ''
+        local ours = own ~= '' and string.sub(token, 1, #own) == own
+        local direct = not ours and string.sub(token, -1) == '""" + DIRECT_TOKEN_MARK + """'
+        -- A waiter with a line of its own hears its grant there, and nobody else does; no
+        -- receiver means its process is gone (its subscription went with it): skip it.
+        if tonumber(deadline) > now and (not direct or
+            redis.call('publish', '""" + WAKE_CHANNEL_PREFIX + """:' .. heir, token) > 0) then
           redis.call('del', KEYS[1])
           redis.call('hset', KEYS[1], heir, 1)
           redis.call('hset', KEYS[5], '=' .. heir, token)
           redis.call('pexpire', KEYS[1], grant)
           """ + _STAMP + """
           redis.call('hset', KEYS[3], KEYS[1], stamp .. ' ' .. info)
-          local own = ARGV[9] or ''
-          if own == '' or string.sub(token, 1, #own) ~= own then
+          if not ours and not direct then
             redis.call('publish', KEYS[6], token)
           end
           return token

@@ -41,14 +41,14 @@ class Wait:
     """What one wait is about: the channel and, for a hand-off, who waits."""
 
     __slots__ = ("client", "channel", "key", "owner", "lease_ms", "on_grant", "info", "wakes",
-                 "recheck", "grant", "token", "registered", "grant_ms")
+                 "recheck", "grant", "token", "registered", "grant_ms", "line")
 
     def __init__(self, client: Any, channel: bytes, key: str, *, owner: str = "",
                  lease_ms: int = 0, on_grant: Callable[[int | None], None] | None = None,
                  info: str = "", wakes: pubsub.WakePolicy | None = None,
                  recheck: float | None = None, grant: bytes | None = None,
                  token: bytes | None = None, registered: bool = False,
-                 grant_ms: int = 0) -> None:
+                 grant_ms: int = 0, line: Any = None) -> None:
         self.client = client  # the sync client whose server's subscription is used
         self.channel = channel
         self.key = key
@@ -65,11 +65,12 @@ class Wait:
         self.token = token
         self.registered = registered
         self.grant_ms = grant_ms
+        self.line = line  # the thread's own wake line, if ``token`` names it
 
     def enter(self, mgr: pubsub.PubSubManager, loop: Any = None) -> pubsub.Slot:
         return mgr.enter(self.channel, self.owner, self.lease_ms, self.on_grant, loop, self.key,
                          self.info, self.wakes, self.grant, self.token, self.registered,
-                         self.grant_ms)
+                         self.grant_ms, self.line)
 
 
 def wait(w: Wait, attempt: Callable[[bool], int | None], budget: float | None,

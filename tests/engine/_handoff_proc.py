@@ -13,7 +13,8 @@ import redis
 import redis.asyncio as aredis
 
 from django_rlock import AsyncRLock, RLock
-from django_rlock.engine import pubsub
+from django_rlock.engine import identity, pubsub, wakeline
+from django_rlock.engine.naming import wake_channel
 
 if os.environ.get("RLOCK_TEST_GRANT_LEASE"):
     # The stress test scales the grant lease down, so it can kill many waiters in a short run.
@@ -21,11 +22,17 @@ if os.environ.get("RLOCK_TEST_GRANT_LEASE"):
     pubsub.GRANT_WATCH = pubsub.GRANT_LEASE + 0.1
 
 
-def wait_hold(sock: str, name: str, lease: str = "", watchdog_timeout: str = "30") -> None:
-    """Wait for the lock (it registers in line), say when it is held, unlock on "unlock"."""
-    lock = RLock(redis.Redis(unix_socket_path=sock), name,
-                 watchdog_timeout=float(watchdog_timeout))
-    print("waiting", flush=True)
+def wait_hold(sock: str, name: str, lease: str = "", watchdog_timeout: str = "30",
+              line: str = "") -> None:
+    """Wait for the lock (it registers in line), say when it is held, unlock on "unlock".
+    ``line``: wait as a thread that has waited before (its own wake line is open)."""
+    client = redis.Redis(unix_socket_path=sock)
+    lock = RLock(client, name, watchdog_timeout=float(watchdog_timeout))
+    said = "waiting"
+    if line:
+        assert wakeline.open_line(client, identity.thread_owner()) is not None
+        said += " " + wake_channel(identity.thread_owner())
+    print(said, flush=True)
     t0 = time.monotonic()
     lock.lock(lease_time=float(lease) if lease else None)
     print(f"locked {time.monotonic() - t0:.3f}", flush=True)

@@ -303,7 +303,10 @@ def test_stress_with_sigkilled_and_cancelled_waiters_keeps_exclusion(r, redis_se
     killed = 0
     while time.monotonic() < end:
         # (One that dies holding the lock costs its watchdog timeout: kept short here.)
-        victim = procs("wait_hold", redis_server.socket, "xs", "", "1.5", grant_lease=lease)
+        # Every other one waits on a wake line of its own (a grant to it finds nobody there
+        # once it is dead), the others on their process's shared subscription.
+        victim = procs("wait_hold", redis_server.socket, "xs", "", "1.5",
+                       *(("line",) if killed % 2 else ()), grant_lease=lease)
         victim.expect("waiting")
         time.sleep(0.05 + 0.1 * (killed % 3))  # in line, granted, or holding it
         victim.kill()

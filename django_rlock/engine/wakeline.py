@@ -1,0 +1,283 @@
+"""A waiting thread's own line to Redis, so a grant from another process wakes it directly.
+
+The shared subscription (``pubsub``) reads every message in one listener thread, which then
+wakes the waiting thread: two thread switches per hand-off, and every subscribed process woken
+by every grant. A thread that has waited before keeps a subscription of its own, on its own
+connection, to ``naming.wake_channel(owner)``; its registrations then carry a token ending in
+``naming.DIRECT_TOKEN_MARK``, and a release that grants it the lock publishes the token there
+only. The thread sleeps in ``select`` on that socket and on a pipe (the listener's wake-ups for
+everything else: a free release, a foreign client's ``0``, a reconnect), reads the grant itself
+and returns holding the lock: no listener, no other process woken, no command sent.
+
+The publish also proves the heir alive: a process that died (SIGKILL) has lost its
+subscription, so the release finds no receiver and grants the next in line instead.
+
+One line per thread and server, opened during the thread's first cross-process wait (whose
+registration still uses the shared grant channel) and kept for the thread's life; it costs one
+connection per thread that ever waited. ``ENABLED = False`` turns it off for new waits.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from . import identity
+from .naming import wake_channel
+from .watchdog import server_id
+
+logger = logging.getLogger("django_rlock")
+
+#: Open lines for waiting threads (False: every wait uses the shared subscription alone).
+ENABLED = True
+#: Longest the opening SUBSCRIBE may take before the line is given up (it is retried later).
+OPEN_TIMEOUT = 2.0
+#: After a line could not be opened, seconds before a thread tries again.
+RETRY_AFTER = 30.0
+
+_local = threading.local()
+
+
+class WakeLine:
+    """The calling thread's subscription connection and the pipe others wake it through."""
+
+    __slots__ = ("conn", "owner", "ident", "_client", "_rfd", "_wfd", "_retry_at",
+                 "_finalizer", "_poked", "__weakref__")
+
+    def __init__(self, client: Any, owner: str) -> None:
+        self._client = client
+        self.owner = owner
+        self.ident = threading.get_ident()  # the one thread that reads and parks on it
+        self._poked = False
+        self.conn = _subscribe(client, owner)
+        self._retry_at = 0.0
+        self._rfd, self._wfd = os.pipe()
+        os.set_blocking(self._rfd, False)
+        os.set_blocking(self._wfd, False)
+        self._finalizer = weakref.finalize(self, _close, self.conn, self._rfd, self._wfd)
+
+    @property
+    def alive(self) -> bool:
+        return self.conn._sock is not None
+
+    def _reopen(self) -> bool:
+        """The connection was lost (a server restart, CLIENT KILL): subscribe again. Until we
+        do, a grant to us finds no receiver and goes to the next in line."""
+        now = time.monotonic()
+        if now < self._retry_at:
+            return False
+        try:
+            conn = _subscribe(self._client, self.owner)
+        except Exception as exc:
+            logger.debug("django-rlock: could not reopen a wake line (%s: %s)",
+                         type(exc).__name__, exc)
+            self._retry_at = now + 1.0
+            return False
+        old, self.conn = self.conn, conn
+        self._finalizer.detach()
+        _close(old, -1, -1)
+        self._finalizer = weakref.finalize(self, _close, conn, self._rfd, self._wfd)
+        return True
+
+    def poke(self) -> None:
+        """Wake the thread if it sleeps in ``park`` (any thread may call this; the thread
+        itself, booking a grant it read, needs no poke: it looks at ``pending`` next)."""
+        if threading.get_ident() == self.ident:
+            return
+        self._poked = True
+        try:
+            os.write(self._wfd, b"x")
+        except OSError:  # the pipe is full (a wake is pending anyway) or closed
+            pass
+
+    def _drain(self) -> None:
+        if not self._poked:
+            return
+        self._poked = False
+        try:
+            while os.read(self._rfd, 512):
+                pass
+        except OSError:  # nothing left (EAGAIN)
+            pass
+
+    def park(self, waiter: Any, timeout: float | None,
+             deliver: Callable[[bytes], Any]) -> None:
+        """Sleep until ``waiter.pending`` is set (by ``poke`` or by a grant read here) or
+        ``timeout``. A grant for ``waiter.token`` is handed to ``deliver`` (which books the
+        hold and sets ``pending``); grants for earlier tokens of this thread are stale (their
+        waits withdrew them) and dropped."""
+        end = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if waiter.pending:
+                waiter.pending = False
+                self._drain()
+                return
+            if not self.alive and self._reopen():
+                return  # a spurious wake: the waiter's next attempt puts it back in line
+            sock = self.conn._sock
+            if sock is not None:
+                try:
+                    # (can_read also sees a reply the parser has buffered already.)
+                    while self.conn.can_read(timeout=0):
+                        self._message(self.conn.read_response(disconnect_on_error=True,
+                                                              push_request=True),
+                                      waiter, deliver)
+                except Exception as exc:
+                    self._broken(exc)
+                    continue
+                if waiter.pending:
+                    continue
+            left = None if end is None else end - time.monotonic()
+            if left is not None and left <= 0:
+                return
+            fds: list[Any] = [self._rfd]
+            if sock is None:
+                # Lost and not back yet (retried each second): the listener's wake-ups still
+                # come through the pipe.
+                left = 1.0 if left is None else min(left, 1.0)
+            else:
+                fds.append(sock)
+            try:
+                ready, _, _ = select.select(fds, [], [], left)
+            except (OSError, ValueError) as exc:
+                self._broken(exc)
+                continue
+            if self._rfd in ready:
+                self._drain()
+
+    def _message(self, reply: Any, waiter: Any, deliver: Callable[[bytes], Any]) -> None:
+        if not isinstance(reply, list) or len(reply) < 3:
+            return
+        kind = reply[0]
+        if kind in (b"message", "message"):
+            token = reply[2]
+            if isinstance(token, str):
+                token = token.encode()
+            if token == waiter.token:
+                deliver(token)
+
+    def _broken(self, exc: BaseException) -> None:
+        logger.debug("django-rlock: wake line of %s lost (%s: %s)", self.owner,
+                     type(exc).__name__, exc)
+        try:
+            self.conn.disconnect()
+        except Exception:
+            pass
+
+    def clean(self) -> bool:
+        """Before a registration names this line: read what is left of earlier waits (stale
+        grants) and tell whether the line still stands."""
+        if not self.alive:
+            return False
+        try:
+            while self.conn.can_read(timeout=0):
+                self.conn.read_response(disconnect_on_error=True, push_request=True)
+        except Exception as exc:
+            self._broken(exc)
+            return False
+        return self.alive
+
+
+def _close(conn: Any, rfd: int, wfd: int) -> None:
+    try:
+        conn.disconnect()
+    except Exception:
+        pass
+    for fd in (rfd, wfd):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def _lines() -> dict[Any, Any]:
+    lines: dict[Any, Any] | None = getattr(_local, "lines", None)
+    if lines is None:
+        lines = _local.lines = {}
+    return lines
+
+
+def _subscribe(client: Any, owner: str) -> Any:
+    """A connection of the line's own, outside the pool (like the shared subscription's),
+    subscribed to ``owner``'s wake channel once the call returns."""
+    pool = client.connection_pool
+    kw = dict(pool.connection_kwargs)
+    kw["client_name"] = f"rlock-wake:{identity.process_id()}"
+    conn = pool.connection_class(**kw)
+    try:
+        conn.connect()
+        conn.send_command("SUBSCRIBE", wake_channel(owner), check_health=False)
+        if not conn.can_read(timeout=OPEN_TIMEOUT):
+            raise TimeoutError("no SUBSCRIBE confirmation")
+        conn.read_response(disconnect_on_error=True, push_request=True)
+    except BaseException:
+        _close(conn, -1, -1)
+        raise
+    return conn
+
+
+def usable(client: Any) -> bool:
+    """Lines need a plain pool: a Sentinel pool's master moves, and a line left on the old one
+    would make every grant to us look like one to a dead process."""
+    pool = getattr(client, "connection_pool", None)
+    return (ENABLED and pool is not None and hasattr(pool, "connection_kwargs")
+            and getattr(pool, "service_name", None) is None)
+
+
+def line_for(client: Any, owner: str) -> WakeLine | None:
+    """The calling thread's standing line to ``client``'s server (None: none yet, or lost)."""
+    if not usable(client):
+        return None
+    line = _lines().get(server_id(client))
+    # (No read here: this runs before every blocking acquire. A line lost since is found in
+    # ``park``, which opens it again and has the waiter register anew.)
+    if not isinstance(line, WakeLine) or line.owner != owner or not line.alive:
+        return None
+    return line
+
+
+def open_line(client: Any, owner: str) -> WakeLine | None:
+    """Open the calling thread's line to ``client``'s server, unless it stands already or a
+    recent try failed. Blocks for the connection and the SUBSCRIBE's confirmation: called
+    while the thread waits for a lock anyway."""
+    if not usable(client):
+        return None
+    lines = _lines()
+    sid = server_id(client)
+    old = lines.get(sid)
+    if isinstance(old, WakeLine):
+        if old.owner == owner and old.clean():
+            return old
+        _close(old.conn, -1, -1)  # lost, or the parent's (a fork): its pipe closes with it
+    elif isinstance(old, float) and time.monotonic() < old:
+        return None
+    try:
+        line = lines[sid] = WakeLine(client, owner)
+    except Exception as exc:
+        logger.debug("django-rlock: could not open a wake line (%s: %s)", type(exc).__name__, exc)
+        lines[sid] = time.monotonic() + RETRY_AFTER
+        return None
+    return line
+
+
+def close_lines() -> None:
+    """Close the calling thread's lines (they also close when the thread ends)."""
+    for line in list(_lines().values()):
+        if isinstance(line, WakeLine):
+            _close(line.conn, -1, -1)
+    _lines().clear()
+
+
+def _reset_after_fork() -> None:
+    # The forking thread's lines are the parent's sockets: never read or shut down here.
+    global _local
+    _local = threading.local()
+
+
+identity.on_fork(_reset_after_fork)
