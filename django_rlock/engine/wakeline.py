@@ -40,8 +40,24 @@ ENABLED = True
 OPEN_TIMEOUT = 2.0
 #: After a line could not be opened, seconds before a thread tries again.
 RETRY_AFTER = 30.0
+#: Most lines one process keeps open (all servers together): threads past it wait through the
+#: shared subscription, as before. Bounds the connections a large thread pool can cost.
+MAX_LINES = 32
 
 _local = threading.local()
+_count_lock = threading.Lock()
+_open_count = 0
+
+
+def open_count() -> int:
+    """Lines of this process that are open now."""
+    return _open_count
+
+
+def _counted(delta: int) -> None:
+    global _open_count
+    with _count_lock:
+        _open_count += delta
 
 
 class WakeLine:
@@ -61,6 +77,8 @@ class WakeLine:
         os.set_blocking(self._rfd, False)
         os.set_blocking(self._wfd, False)
         self._finalizer = weakref.finalize(self, _close, self.conn, self._rfd, self._wfd)
+        _counted(1)
+        weakref.finalize(self, _counted, -1)
 
     @property
     def alive(self) -> bool:
@@ -257,6 +275,8 @@ def open_line(client: Any, owner: str) -> WakeLine | None:
         _close(old.conn, -1, -1)  # lost, or the parent's (a fork): its pipe closes with it
     elif isinstance(old, float) and time.monotonic() < old:
         return None
+    if _open_count >= MAX_LINES:
+        return None
     try:
         line = lines[sid] = WakeLine(client, owner)
     except Exception as exc:
@@ -276,8 +296,12 @@ def close_lines() -> None:
 
 def _reset_after_fork() -> None:
     # The forking thread's lines are the parent's sockets: never read or shut down here.
-    global _local
+    # (A parent thread may hold the count's lock: a new one first, for the finalizers that
+    # dropping the old lines runs.)
+    global _local, _count_lock, _open_count
+    _count_lock = threading.Lock()
     _local = threading.local()
+    _open_count = 0
 
 
 identity.on_fork(_reset_after_fork)

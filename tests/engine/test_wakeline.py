@@ -149,6 +149,14 @@ def test_a_line_closes_when_its_thread_ends(r):
     until(lambda: numsub(r, channel) == 0, what="the ended thread's line closed")
 
 
+def test_a_process_opens_at_most_max_lines(r, holders, monkeypatch):
+    first, second = holders(), holders()
+    assert first.call(lambda: wakeline.open_line(r, identity.thread_owner())) is not None
+    monkeypatch.setattr(wakeline, "MAX_LINES", wakeline.open_count())
+    assert second.call(lambda: wakeline.open_line(r, identity.thread_owner())) is None
+    assert numsub(r, wake_channel(second.call(identity.thread_owner))) == 0
+
+
 def test_lines_can_be_turned_off(r, holders, monkeypatch):
     monkeypatch.setattr(wakeline, "ENABLED", False)
     waiter = holders()
