@@ -114,8 +114,11 @@ class WakeLine:
         except OSError:  # the pipe is full (a wake is pending anyway) or closed
             pass
 
-    def _drain(self) -> None:
-        if not self._poked:
+    def _drain(self, ready: bool = False) -> None:
+        """Empty the pipe. ``ready``: select saw it readable, so read whatever the flag says (a
+        poke may set the flag, be drained early, then write its byte: left there, that byte
+        would make every later select return at once, a spin)."""
+        if not (ready or self._poked):
             return
         self._poked = False
         try:
@@ -167,7 +170,7 @@ class WakeLine:
                 self._broken(exc)
                 continue
             if self._rfd in ready:
-                self._drain()
+                self._drain(ready=True)
 
     def _message(self, reply: Any, waiter: Any, deliver: Callable[[bytes], Any]) -> None:
         if not isinstance(reply, list) or len(reply) < 3:

@@ -164,3 +164,21 @@ def test_lines_can_be_turned_off(r, holders, monkeypatch):
     assert waiter.call(lambda: wakeline.open_line(r, identity.thread_owner())) is None
     assert len(wake_connections(r)) == before
     assert numsub(r, wake_channel(waiter.call(identity.thread_owner))) == 0
+
+
+def test_a_stray_poke_never_makes_a_parked_thread_spin(r, holders):
+    """A poke can land its byte after the pipe was drained for it (its waiter saw ``pending``
+    first): that byte, left over, must be read by the next park, not make it spin."""
+    import os
+
+    def body() -> float:
+        line = wakeline.open_line(r, identity.thread_owner())
+        assert line is not None
+        os.write(line._wfd, b"x")  # the late byte, its flag already cleared
+        w = pubsub.Waiter(line=line)
+        t0, c0 = time.monotonic(), time.thread_time()
+        line.park(w, 0.5, lambda token: None)
+        assert time.monotonic() - t0 >= 0.45  # slept its timeout: nobody woke it
+        return time.thread_time() - c0
+
+    assert holders().call(body) < 0.2
