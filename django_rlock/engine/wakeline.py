@@ -5,7 +5,7 @@ wakes the waiting thread: two thread switches per hand-off, and every subscribed
 by every grant. A thread that has waited before keeps a subscription of its own, on its own
 connection, to ``naming.wake_channel(owner)``; its registrations then carry a token ending in
 ``naming.DIRECT_TOKEN_MARK``, and a release that grants it the lock publishes the token there
-only. The thread sleeps in ``select`` on that socket and on a pipe (the listener's wake-ups for
+only. The thread sleeps in ``poll`` on that socket and on a pipe (the listener's wake-ups for
 everything else: a free release, a foreign client's ``0``, a reconnect), reads the grant itself
 and returns holding the lock: no listener, no other process woken, no command sent.
 
@@ -20,6 +20,7 @@ connection per thread that ever waited. ``ENABLED = False`` turns it off for new
 from __future__ import annotations
 
 import logging
+import math
 import os
 import select
 import threading
@@ -115,9 +116,9 @@ class WakeLine:
             pass
 
     def _drain(self, ready: bool = False) -> None:
-        """Empty the pipe. ``ready``: select saw it readable, so read whatever the flag says (a
+        """Empty the pipe. ``ready``: poll saw it readable, so read whatever the flag says (a
         poke may set the flag, be drained early, then write its byte: left there, that byte
-        would make every later select return at once, a spin)."""
+        would make every later poll return at once, a spin)."""
         if not (ready or self._poked):
             return
         self._poked = False
@@ -157,19 +158,21 @@ class WakeLine:
             left = None if end is None else end - time.monotonic()
             if left is not None and left <= 0:
                 return
-            fds: list[Any] = [self._rfd]
+            # poll, not select: a busy process may have file descriptors past select's 1024.
+            poller = select.poll()
+            poller.register(self._rfd, select.POLLIN)
             if sock is None:
                 # Lost and not back yet (retried each second): the listener's wake-ups still
                 # come through the pipe.
                 left = 1.0 if left is None else min(left, 1.0)
             else:
-                fds.append(sock)
+                poller.register(sock, select.POLLIN)
             try:
-                ready, _, _ = select.select(fds, [], [], left)
-            except (OSError, ValueError) as exc:
+                events = poller.poll(None if left is None else max(1, math.ceil(left * 1000)))
+            except OSError as exc:
                 self._broken(exc)
                 continue
-            if self._rfd in ready:
+            if any(fd == self._rfd for fd, _ in events):
                 self._drain(ready=True)
 
     def _message(self, reply: Any, waiter: Any, deliver: Callable[[bytes], Any]) -> None:

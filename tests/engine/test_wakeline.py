@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 import redis
 
 from django_rlock import RLock
@@ -182,3 +183,29 @@ def test_a_stray_poke_never_makes_a_parked_thread_spin(r, holders):
         return time.thread_time() - c0
 
     assert holders().call(body) < 0.2
+
+
+def test_a_line_past_select_s_fd_limit_still_parks(r, holders):
+    """A busy process (many sockets) gets file descriptors past 1024, where select() refuses
+    to work: the line must still sleep its timeout on the same connection."""
+    import os
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1200:
+        pytest.skip(f"RLIMIT_NOFILE is {soft}")
+    filler = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        def body() -> tuple[float, bool, int]:
+            line = wakeline.open_line(r, identity.thread_owner())
+            assert line is not None and line.conn._sock.fileno() > 1024
+            conn = line.conn
+            t0 = time.monotonic()
+            line.park(pubsub.Waiter(line=line), 0.3, lambda token: None)
+            return time.monotonic() - t0, line.conn is conn, line.conn._sock is not None
+
+        slept, same, alive = holders().call(body)
+        assert slept >= 0.25 and same and alive
+    finally:
+        for fd in filler:
+            os.close(fd)
