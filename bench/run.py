@@ -46,7 +46,7 @@ class Plan:
     f_rlock_procs: int = 3
 
 
-FULL = Plan(a_rounds=3, a_seconds=2.0, b_rounds=3, b_seconds=4.0, w_locks=10_000, w_settle=2,
+FULL = Plan(a_rounds=5, a_seconds=2.0, b_rounds=7, b_seconds=4.0, w_locks=10_000, w_settle=2,
             w_observe=9, f_rounds=2, f_seconds=4.0)
 QUICK = Plan(a_rounds=1, a_seconds=1.0, b_rounds=1, b_seconds=2.5, w_locks=10_000, w_settle=1,
              w_observe=3, f_rounds=1, f_seconds=2.5)
