@@ -245,20 +245,26 @@ def test_a_foreign_waiter_is_never_bypassed_and_wakes_ours(r, holders):
     msg = foreign.get_message(timeout=5)
     assert msg is not None and msg["data"] == b"0"  # freed and announced, not granted past it
     assert ours(10) is True  # (ours won the race this time: it was woken by the same "0")
-    # The foreign client takes it once free ...
+    # The foreign client takes it once free, and its release wakes our next waiter.
+    assert RLock(r, "xf").force_unlock()
+    a_foreign_release_wakes_our_waiter(
+        r, "xf", lambda: holders().submit(lambda: RLock(r, "xf").try_lock(wait_time=20)))
+    foreign.close()
+
+
+def a_foreign_release_wakes_our_waiter(r, name: str, wait) -> None:
+    """A Redisson client takes ``name``; ``wait()`` starts a waiter of ours (returns its
+    result getter). The client's release (del + "0") wakes it long before its 30 s lease
+    would run out."""
     acquire, release = r.register_script(REDISSON_ACQUIRE), r.register_script(REDISSON_RELEASE)
-    ours_holder = RLock(r, "xf")
-    assert ours_holder.force_unlock()
-    assert acquire(keys=["xf"], args=[30_000, "java-uuid:1"]) is None
-    # ... and its release wakes our next waiter long before its 30 s lease would.
-    nxt = holders().submit(lambda: (RLock(r, "xf").try_lock(wait_time=20), time.monotonic()))
-    until(lambda: in_line(r, "xf") == 1, what="our next waiter in line")
+    assert acquire(keys=[name], args=[30_000, "java-uuid:1"]) is None
+    got = wait()
+    until(lambda: in_line(r, name) == 1, what="our waiter in line")
     time.sleep(0.3)
     t0 = time.monotonic()
-    assert release(keys=["xf", lock_channel("xf")], args=["0", 30_000, "java-uuid:1"]) == 1
-    ok, when = nxt(10)
-    assert ok and when - t0 < 2.0
-    foreign.close()
+    assert release(keys=[name, lock_channel(name)], args=["0", 30_000, "java-uuid:1"]) == 1
+    assert got(10) is True
+    assert time.monotonic() - t0 < 2.0
 
 
 def test_cancelled_async_waiters_leave_their_place_in_line(r, redis_server, holders):

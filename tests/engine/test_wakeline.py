@@ -15,11 +15,10 @@ import redis
 
 from django_rlock import RLock
 from django_rlock.engine import identity, pubsub, wakeline
-from django_rlock.engine.naming import grant_channel, lock_channel, wake_channel
+from django_rlock.engine.naming import grant_channel, wake_channel
 from tests.conftest import script_calls
 from tests.engine.test_handoff import (  # noqa: F401  (procs: a fixture)
-    REDISSON_ACQUIRE,
-    REDISSON_RELEASE,
+    a_foreign_release_wakes_our_waiter,
     in_line,
     procs,
     until,
@@ -124,15 +123,8 @@ def test_a_lined_thread_is_woken_by_our_release_and_by_a_foreign_one(r, holders)
     assert waiter.call(lambda: wakeline.line_for(r, identity.thread_owner())) is not None
     waiter.call(lock.unlock)
     # A Redisson client holds it; its release (del + "0") wakes our lined thread.
-    acquire, release = r.register_script(REDISSON_ACQUIRE), r.register_script(REDISSON_RELEASE)
-    assert acquire(keys=["wt"], args=[30_000, "java-uuid:1"]) is None
-    got = waiter.submit(lambda: (lock.try_lock(wait_time=20), time.monotonic()))
-    until(lambda: in_line(r, "wt") == 1, what="the lined waiter in line again")
-    time.sleep(0.3)
-    t0 = time.monotonic()
-    assert release(keys=["wt", lock_channel("wt")], args=["0", 30_000, "java-uuid:1"]) == 1
-    ok, when = got(10)
-    assert ok and when - t0 < 2.0
+    a_foreign_release_wakes_our_waiter(r, "wt",
+                                       lambda: waiter.submit(lambda: lock.try_lock(wait_time=20)))
     waiter.call(lock.unlock)
 
 
