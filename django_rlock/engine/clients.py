@@ -29,6 +29,23 @@ _async_twins: weakref.WeakKeyDictionary[Any, dict[Any, redis.asyncio.Redis]] = (
     weakref.WeakKeyDictionary())
 
 
+def check_client(client: Any, what: str) -> None:
+    """A clear TypeError, before any command, for a client the engine cannot use.
+
+    ``what`` names the lock in the message (``"lock 'x'"``). A Redis Cluster client is named as
+    such: it is a redis-py client, only not one of a single server (issue #10).
+    """
+    if hasattr(client, "connection_pool"):
+        return
+    if hasattr(client, "get_node_from_key"):
+        raise TypeError(
+            f"{type(client).__name__} is a Redis Cluster client, which django-rlock does not "
+            f"support yet ({what}): use a client of a standalone or Sentinel-managed Redis "
+            f"(a node's own client is not enough: a lock's scripts also write a per-prefix index "
+            f"that lives in another slot)")
+    raise TypeError(f"client must be a redis-py client, not {type(client).__name__} ({what})")
+
+
 def _twin_kwargs(pool: Any, target: Any) -> dict[str, Any]:
     name = pool.connection_class.__name__
     cls = getattr(target, name, None)

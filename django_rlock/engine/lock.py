@@ -19,6 +19,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
 from . import events, identity, pubsub, replicas, waiting, wakeline
+from .clients import check_client
 from .errors import LockNotOwnedError, LockNotSyncedError
 from .naming import (
     DIRECT_TOKEN_MARK,
@@ -123,9 +124,7 @@ class LockBase:
                             f"(lock {name!r})")
         if not isinstance(prefix, str):
             raise TypeError(f"prefix must be a str, not {type(prefix).__name__} (lock {name!r})")
-        if not hasattr(client, "connection_pool"):
-            raise TypeError(f"client must be a redis-py client, not {type(client).__name__} "
-                            f"(lock {name!r})")
+        check_client(client, f"lock {name!r}")
         wt = check_seconds(watchdog_timeout, "watchdog_timeout", name, zero_ok=False)
         if on_lost is not None and not callable(on_lost):
             raise TypeError(f"on_lost must be callable (lock {name!r})")

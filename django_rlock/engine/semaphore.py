@@ -33,7 +33,7 @@ from types import TracebackType
 from typing import Any
 
 from . import pubsub, waiting
-from .clients import sync_twin
+from .clients import check_client, sync_twin
 from .errors import LockNotOwnedError
 from .lock import check_name, check_seconds
 from .naming import SEMAPHORE_CHANNEL_PREFIX, index_key, prefix_name, suffix_name
@@ -266,9 +266,8 @@ class _Named:
             raise TypeError(f"prefix must be a str, not {type(prefix).__name__} "
                             f"({self._WHAT} {name!r})")
         for c in (client, sync_client):
-            if c is not None and not hasattr(c, "connection_pool"):
-                raise TypeError(f"client must be a redis-py client, not {type(c).__name__} "
-                                f"({self._WHAT} {name!r})")
+            if c is not None:
+                check_client(c, f"{self._WHAT} {name!r}")
         if client is None:
             raise TypeError(f"client must be a redis-py client, not NoneType "
                             f"({self._WHAT} {name!r})")
