@@ -19,6 +19,7 @@ class RLockConfig(AppConfig):
         # Registering checks and the signal bridge only: no Redis client is made here (CACHES
         # may still change).
         from .checks import check_settings
+        from .conf import apply_wake_lines
         from .engine import events
         from .signals import forward
 
@@ -26,6 +27,7 @@ class RLockConfig(AppConfig):
         events.add_listener(forward)
         _load_celery_glue()
         _install_metrics()
+        apply_wake_lines()
 
 
 def _install_metrics() -> None:

@@ -26,6 +26,7 @@ class Config(TypedDict):
     SYNC_REPLICAS: int | str | None
     SYNC_TIMEOUT: float
     PROMETHEUS: bool
+    WAKE_LINES: int
 
 
 DEFAULTS: Config = {
@@ -48,6 +49,10 @@ DEFAULTS: Config = {
     "SYNC_TIMEOUT": 1.0,
     # Count lock events in prometheus_client's registry (pip install django-rlock[prometheus]).
     "PROMETHEUS": False,
+    # Threads per process that may keep a subscription of their own (a "wake line"), where a
+    # release in another process hands them the lock directly; 0: none (grants go through the
+    # process's shared subscription).
+    "WAKE_LINES": 32,
 }
 
 
@@ -102,6 +107,9 @@ def validate(config: Mapping[str, Any]) -> list[str]:
     st = config["SYNC_TIMEOUT"]
     if isinstance(st, bool) or not isinstance(st, (int, float)) or not 0 < st < float("inf"):
         problems.append(f"RLOCK['SYNC_TIMEOUT'] must be a number of seconds > 0, got {st!r}")
+    lines = config["WAKE_LINES"]
+    if isinstance(lines, bool) or not isinstance(lines, int) or lines < 0:
+        problems.append(f"RLOCK['WAKE_LINES'] must be an int >= 0, got {lines!r}")
     if not isinstance(config["PROMETHEUS"], bool):
         problems.append(f"RLOCK['PROMETHEUS'] must be True or False, got {config['PROMETHEUS']!r}")
     return problems
@@ -114,7 +122,22 @@ def lock_options() -> dict[str, Any]:
             "sync_replicas": config["SYNC_REPLICAS"], "sync_timeout": float(config["SYNC_TIMEOUT"])}
 
 
+def apply_wake_lines() -> None:
+    """``RLOCK["WAKE_LINES"]`` into the engine (at startup and on ``setting_changed``); a bad
+    value keeps the engine's default (check E003 reports it)."""
+    from .engine import wakeline
+
+    try:
+        n = get_config()["WAKE_LINES"]
+    except ImproperlyConfigured:
+        return
+    if isinstance(n, int) and not isinstance(n, bool) and n >= 0:
+        wakeline.MAX_LINES = n
+        wakeline.ENABLED = n > 0
+
+
 @receiver(setting_changed)
 def _reset(*, setting: str, **kwargs: Any) -> None:
     if setting in ("RLOCK", "CACHES"):
         get_config.cache_clear()
+        apply_wake_lines()

@@ -232,3 +232,19 @@ def test_redis_url_serves_locks_when_the_cache_is_not_redis(settings: Any,
     settings.RLOCK = {"REDIS_URL": "http://example.com"}
     errors = [m for m in check_settings() if m.id == "django_rlock.E003"]
     assert len(errors) == 1 and "REDIS_URL" in errors[0].msg
+
+
+def test_wake_lines_follow_the_setting(settings: Any) -> None:
+    from django_rlock.engine import wakeline
+
+    assert (wakeline.MAX_LINES, wakeline.ENABLED) == (32, True)  # the default
+    settings.RLOCK = {"WAKE_LINES": 4}
+    assert (wakeline.MAX_LINES, wakeline.ENABLED) == (4, True)
+    settings.RLOCK = {"WAKE_LINES": 0}
+    assert wakeline.ENABLED is False
+    settings.RLOCK = {"WAKE_LINES": -1}
+    errors = [m for m in check_settings() if m.id == "django_rlock.E003"]
+    assert len(errors) == 1 and "WAKE_LINES" in errors[0].msg
+    assert wakeline.ENABLED is False  # a bad value changes nothing
+    settings.RLOCK = {}
+    assert (wakeline.MAX_LINES, wakeline.ENABLED) == (32, True)
