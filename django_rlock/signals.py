@@ -68,18 +68,20 @@ def forward(event: str, data: dict[str, Any]) -> None:
         return
     if event == "force_unlocked":
         data = {**data, "user": _user.get()}
-    if _has_async_receiver(signal):
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            loop = None
-        if loop is not None:
-            # An asyncio lock, on its event loop: send_robust would run the async receivers
-            # through async_to_sync, which refuses to run there; asend_robust in a task runs
-            # them on this loop (and the sync ones in a thread) right after.
-            # Chained: each send waits for the previous one on this loop, so receivers see
-            # the events in order (acquired before released) whatever the thread pool does.
-            task = loop.create_task(_asend(signal, event, data, _last.get(loop)))
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        loop = None
+    if loop is not None:
+        previous = _last.get(loop)
+        # An asyncio lock, on its event loop: send_robust would run the async receivers
+        # through async_to_sync, which refuses to run there; asend_robust in a task runs
+        # them on this loop (and the sync ones in a thread) right after.
+        # Chained: each send waits for the previous one on this loop, so receivers see
+        # the events in order (acquired before released) whatever the thread pool does;
+        # a signal with sync receivers only queues too while such a send is under way.
+        if _has_async_receiver(signal) or (previous is not None and not previous.done()):
+            task = loop.create_task(_asend(signal, event, data, previous))
             _last[loop] = task
             _tasks.add(task)
             task.add_done_callback(_tasks.discard)

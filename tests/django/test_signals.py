@@ -120,3 +120,44 @@ def test_async_receivers_are_awaited_also_when_an_asyncio_lock_sends(received):
     assert [(e, d["name"], d["label"]) for e, d in received] == [
         ("acquired", "asig:1", "asig:{n}"), ("released", "asig:1", "asig:{n}"),
         ("acquired", "sync-side", None), ("released", "sync-side", None)]
+
+
+def test_an_asyncio_locks_events_reach_sync_receivers_in_order_behind_a_slow_send():
+    """"acquired" has an async receiver (so it is sent in a task, its sync receivers in a
+    thread) and a slow sync one; "released" has sync receivers only. Its receivers must still
+    hear it after "acquired", not while that send is under way."""
+    import time
+
+    order: list[str] = []
+
+    async def areceiver(sender: Any, **kwargs: Any) -> None:
+        pass
+
+    def slow(sender: Any, **kwargs: Any) -> None:
+        time.sleep(0.3)
+        order.append("acquired")
+
+    def on_release(sender: Any, **kwargs: Any) -> None:
+        order.append("released")
+
+    @locked("sig-order")
+    async def job() -> None:
+        pass
+
+    lock_acquired.connect(areceiver, weak=False)
+    lock_acquired.connect(slow, weak=False)
+    lock_released.connect(on_release, weak=False)
+    try:
+        async def main() -> None:
+            await job()
+            for _ in range(500):
+                if len(order) == 2:
+                    break
+                await asyncio.sleep(0.01)
+
+        asyncio.run(main())
+    finally:
+        lock_acquired.disconnect(areceiver)
+        lock_acquired.disconnect(slow)
+        lock_released.disconnect(on_release)
+    assert order == ["acquired", "released"]
