@@ -31,7 +31,7 @@ import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 import redis
 import redis.asyncio.cluster
@@ -136,14 +136,6 @@ class ClusterTopology(Processes):
         self._owned: dict[int, tuple[tuple[int, int], ...]] = {}  # port -> slots when killed
 
     # -- lifecycle -----------------------------------------------------------------------
-    def start(self, timeout: float = 30.0) -> Self:
-        try:
-            self._start(timeout)
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
     def _start(self, timeout: float) -> None:
         masters = [self._node(f"master{i}") for i in range(self.n_masters)]
         replicas = [self._node(f"replica{i}-{j}")

@@ -134,7 +134,16 @@ class Processes:
     servers: list[RedisServer]
     dir: Path
 
-    def start(self) -> Self:
+    def start(self, timeout: float = 30.0) -> Self:
+        """Start every process (``_start``); a topology that fails half-way is stopped."""
+        try:
+            self._start(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self, timeout: float) -> None:
         raise NotImplementedError
 
     def stop(self) -> None:
@@ -181,14 +190,6 @@ class SentinelTopology(Processes):
         self._clients: list[Any] = []
 
     # -- lifecycle -----------------------------------------------------------------------
-    def start(self, timeout: float = 30.0) -> Self:
-        try:
-            self._start(timeout)
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
     def _start(self, timeout: float) -> None:
         master = self._server("master", [])
         for i in range(self.n_replicas):

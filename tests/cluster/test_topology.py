@@ -140,14 +140,21 @@ def test_a_slot_half_migrated_answers_ask_for_keys_already_moved(cluster: Cluste
     assert cluster.node_for_key(b) is dst and client.get(b) == b"2"
 
 
+def replicated_key(cluster: ClusterTopology, client, master, tag: str, value: str):
+    """A key in one of ``master``'s slots, set to ``value`` and acknowledged by its one replica.
+    (replica, key)"""
+    (replica,) = cluster.replicas_of(master)
+    key = key_in_slot_of(cluster.view()[cluster.node_id(master)].slots, tag)
+    client.set(key, value)
+    with cluster.node_client(master) as c:
+        assert c.wait(1, 2000) == 1
+    return replica, key
+
+
 def test_failover_promotes_the_replica_and_demotes_the_master(cluster: ClusterTopology):
     client = cluster.client()
     old = cluster.masters()[0]
-    (replica,) = cluster.replicas_of(old)
-    key = key_in_slot_of(cluster.view()[cluster.node_id(old)].slots, "fo")
-    client.set(key, "kept")
-    with cluster.node_client(old) as c:
-        assert c.wait(1, 2000) == 1
+    replica, key = replicated_key(cluster, client, old, "fo", "kept")
     assert cluster.failover(replica) is old
     assert cluster.node_for_key(key) is replica
     assert cluster.replicas_of(replica) == [old]
@@ -161,11 +168,7 @@ def test_sigkill_a_master_its_replica_takes_over_and_the_dead_one_rejoins(
         cluster: ClusterTopology):
     client = cluster.client()
     victim = cluster.masters()[1]
-    (heir,) = cluster.replicas_of(victim)
-    key = key_in_slot_of(cluster.view()[cluster.node_id(victim)].slots, "kill")
-    client.set(key, "survives")
-    with cluster.node_client(victim) as c:
-        assert c.wait(1, 2000) == 1
+    heir, key = replicated_key(cluster, client, victim, "kill", "survives")
     cluster.kill(victim)
     assert cluster.wait_for_promotion(victim, timeout=20) is heir
     assert cluster.node_for_key(key) is heir
