@@ -194,19 +194,6 @@ class WakeLine:
         except Exception:
             pass
 
-    def clean(self) -> bool:
-        """Before a registration names this line: read what is left of earlier waits (stale
-        grants) and tell whether the line still stands."""
-        if not self.alive:
-            return False
-        try:
-            while self.conn.can_read(timeout=0):
-                self.conn.read_response(disconnect_on_error=True, push_request=True)
-        except Exception as exc:
-            self._broken(exc)
-            return False
-        return self.alive
-
 
 def _close(conn: Any, rfd: int, wfd: int) -> None:
     try:
@@ -276,7 +263,7 @@ def open_line(client: Any, owner: str) -> WakeLine | None:
     sid = server_id(client)
     old = lines.get(sid)
     if isinstance(old, WakeLine):
-        if old.owner == owner and old.clean():
+        if old.owner == owner and old.alive:  # (stale grants on it are dropped by park)
             return old
         _close(old.conn, -1, -1)  # lost, or the parent's (a fork): its pipe closes with it
     elif isinstance(old, float) and time.monotonic() < old:
