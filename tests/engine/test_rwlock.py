@@ -218,8 +218,10 @@ def test_read_lock_expiration(r, holders):
     def reader(lease, hold):
         read.lock(lease_time=lease)
         time.sleep(hold)
+        # Taken before the unlock: the writer may be in before this thread runs again.
+        t = time.monotonic()
         read.unlock()
-        return time.monotonic()
+        return t
 
     ra = a.submit(lambda: reader(2.0, 1.2))
     rb = b.submit(lambda: reader(0.8, 0.5))
