@@ -9,11 +9,15 @@ async client: same address, database and credentials, its own small pool.
 from __future__ import annotations
 
 import asyncio
+import threading
 import weakref
 from typing import Any
 
 import redis
 import redis.asyncio
+import redis.exceptions
+
+from .naming import index_key
 
 #: Connection settings that mean the same to the sync and asyncio connection classes.
 _PORTABLE = frozenset({
@@ -29,20 +33,115 @@ _async_twins: weakref.WeakKeyDictionary[Any, dict[Any, redis.asyncio.Redis]] = (
     weakref.WeakKeyDictionary())
 
 
-def check_client(client: Any, what: str) -> None:
+#: Pools of the node clients that locks on a Redis Cluster run on (``node_client``), each with
+#: (a weak reference to) its cluster client. On a node a script may touch the keys of one slot
+#: only: the index is per lock there, renewals per slot.
+_node_pools: weakref.WeakKeyDictionary[Any, weakref.ref[Any]] = weakref.WeakKeyDictionary()
+#: Per cluster client: bumped whenever its slot map was refreshed, so locks re-resolve their node.
+_generations: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+_refresh_lock = threading.Lock()
+
+
+def is_cluster(client: Any) -> bool:
+    """A redis-py ``RedisCluster`` (sync or asyncio): many servers, no pool of its own."""
+    return not hasattr(client, "connection_pool") and hasattr(client, "get_node_from_key")
+
+
+def is_cluster_node(client: Any) -> bool:
+    """The client of one cluster node that a lock resolved (``node_client``)."""
+    pool = getattr(client, "connection_pool", None)
+    return pool is not None and pool in _node_pools
+
+
+def cluster_of(client: Any) -> Any | None:
+    """The cluster client a node client was resolved from (None: not a cluster node)."""
+    pool = getattr(client, "connection_pool", None)
+    ref = _node_pools.get(pool) if pool is not None else None
+    return ref() if ref is not None else None
+
+
+def _own(cluster: Any, node: Any) -> redis.Redis:
+    client = node.redis_connection or cluster.get_redis_connection(node)
+    _node_pools[client.connection_pool] = weakref.ref(cluster)
+    return client
+
+
+def node_client(cluster: Any, key: str | bytes) -> redis.Redis:
+    """The plain client of the master that serves ``key``'s slot.
+
+    A lock lives in one slot (the brace rule keeps its channel and auxiliary keys there), so
+    everything per server (scripts sent once, the subscription, the watchdog's pipeline, the
+    replica count) works unchanged per node. Sent on the node's own connection, a script is
+    never re-sent by the cluster client's retry, and a moved slot answers MOVED before it runs.
+    """
+    return _own(cluster, cluster.get_node_from_key(key))
+
+
+def node_at(cluster: Any, host: str, port: int) -> redis.Redis:
+    """The client of the node at ``host:port`` (an ASK redirection's target)."""
+    node = cluster.nodes_manager.get_node(host=host, port=port)
+    if node is None:  # not in the map yet: a refresh finds it (a new node took the slot)
+        refresh(cluster, None)
+        node = cluster.nodes_manager.get_node(host=host, port=port)
+        if node is None:
+            raise redis.exceptions.ClusterError(f"no cluster node at {host}:{port}")
+    return _own(cluster, node)
+
+
+def for_key(client: Any, key: str) -> Any:
+    """Where a one-key script runs exactly once: on a cluster, the key's master's own client."""
+    return node_client(client, key) if is_cluster(client) else client
+
+
+def index_for(client: Any, prefix: str, key: str) -> str:
+    """The index ``key`` is listed in on ``client``'s server (per lock on a cluster)."""
+    on_cluster = is_cluster(client) or is_cluster_node(client)
+    return index_key(prefix, key if on_cluster else None)
+
+
+def node_clients(cluster: Any) -> list[redis.Redis]:
+    """The plain client of every master (listing, which walks them all)."""
+    return [_own(cluster, node) for node in cluster.get_primaries()]
+
+
+def generation(cluster: Any) -> int:
+    return _generations.get(cluster, 0)
+
+
+def refresh(cluster: Any, exc: BaseException | None) -> None:
+    """Bring ``cluster``'s slot map up to date after ``exc`` (MOVED: that slot; anything else, a
+    failover maybe: the whole map, best effort) and tell the locks on it to re-resolve."""
+    with _refresh_lock:
+        nodes = cluster.nodes_manager
+        try:
+            if isinstance(exc, redis.exceptions.MovedError) and hasattr(nodes, "move_slot"):
+                nodes.move_slot(exc)
+            else:
+                nodes.initialize()
+        except redis.exceptions.RedisError:
+            pass  # no node answers yet (a failover under way): the next failure tries again
+        finally:
+            _generations[cluster] = _generations.get(cluster, 0) + 1
+
+
+def check_client(client: Any, what: str, cluster_ok: bool = False) -> None:
     """A clear TypeError, before any command, for a client the engine cannot use.
 
-    ``what`` names the lock in the message (``"lock 'x'"``). A Redis Cluster client is named as
-    such: it is a redis-py client, only not one of a single server (issue #10).
+    ``what`` names the lock in the message (``"lock 'x'"``); ``cluster_ok``: this kind runs on
+    a sync ``RedisCluster`` (issue #10). A cluster client is named as such: it is a redis-py
+    client, only not one of a single server.
     """
     if hasattr(client, "connection_pool"):
         return
-    if hasattr(client, "get_node_from_key"):
+    if is_cluster(client):
+        if cluster_ok and not isinstance(client, redis.asyncio.RedisCluster):
+            return
+        kind = "an asyncio Redis Cluster" if isinstance(client, redis.asyncio.RedisCluster) else (
+            "a Redis Cluster")
         raise TypeError(
-            f"{type(client).__name__} is a Redis Cluster client, which django-rlock does not "
-            f"support yet ({what}): use a client of a standalone or Sentinel-managed Redis "
-            f"(a node's own client is not enough: a lock's scripts also write a per-prefix index "
-            f"that lives in another slot)")
+            f"{type(client).__name__} is {kind} client, which this kind does not support yet "
+            f"({what}): on a cluster use RLock with a sync RedisCluster, or a client of a "
+            f"standalone or Sentinel-managed Redis")
     raise TypeError(f"client must be a redis-py client, not {type(client).__name__} ({what})")
 
 

@@ -77,6 +77,7 @@ class _Fenced:
     # Only RLock's release script can grant a lock to a waiter, and a grant would skip the
     # token: every acquisition goes through FENCED_ACQUIRE.
     _HANDOFF = False
+    _CLUSTER = False  # not on a Redis Cluster yet (issue #10)
 
     key: str
     _index: str

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import events
+from .clients import check_client, is_cluster, is_cluster_node, node_client, node_clients
 from .naming import (
     FAIR_QUEUE_PREFIX,
     FAIR_TIMEOUT_PREFIX,
@@ -387,12 +388,42 @@ FENCED_CLEAR_SCRIPT = Script(FENCED_CLEAR)
 
 
 class Locks:
-    """The locks (of every kind) under one prefix on one redis-py client."""
+    """The locks (of every kind) under one prefix on one redis-py client.
+
+    A sync ``RedisCluster`` client is served by one ``Locks`` per master (``ClusterLocks``).
+    """
+
+    def __new__(cls, client: Any, prefix: str = "") -> Locks:
+        if cls is Locks and is_cluster(client):
+            return ClusterLocks(client, prefix)
+        return super().__new__(cls)
 
     def __init__(self, client: Any, prefix: str = "") -> None:
         self.client = client
         self.prefix = prefix
+        #: On a cluster node every lock has an index of its own, in its slot (``index_key``).
+        self._per_key = is_cluster_node(client)
         self.index = index_key(prefix)
+
+    def _index_of(self, key: str) -> str:
+        return index_key(self.prefix, key) if self._per_key else self.index
+
+    def _indexed(self, pattern: str) -> Iterable[Any]:
+        """The lock keys (matching ``pattern``) that this node's per-lock indexes name."""
+        head = f"{INDEX_PREFIX}:{self.prefix}"
+        for sep in (":{", "!"):  # a key's own index is "<head>:{key}", or "<head>!key" if braced
+            tail = "}" if sep == ":{" else ""
+            idx_keys = [k for k in map(_text, self.client.scan_iter(
+                match=glob_escape(head + sep) + pattern + tail, count=SCAN_COUNT, _type="hash"))
+                if k is not None]
+            for chunk in _batches(idx_keys):
+                pipe = self.client.pipeline(transaction=False)
+                for k in chunk:
+                    pipe.hkeys(k)
+                for idx, fields in zip(chunk, pipe.execute(), strict=True):
+                    for f in map(_text, fields):
+                        if f is not None and index_key(self.prefix, f) == idx:
+                            yield f
 
     def names(self, match: str = "*", *, scan: bool = False) -> list[str]:
         """Sorted names of the live locks whose name matches the Redis glob ``match``.
@@ -404,13 +435,15 @@ class Locks:
         if scan:
             # Untyped: the kinds are hashes and strings; shapes are checked below.
             found = self.client.scan_iter(match=pattern, count=SCAN_COUNT)
+        elif self._per_key:
+            found = self._indexed(pattern)
         else:
             # Fields and values (HSCAN NOVALUES needs Redis 7.4); values are ~150 bytes.
             found = (f for f, _ in self.client.hscan_iter(self.index, match=pattern,
                                                           count=SCAN_COUNT))
         keys = {k for k in map(_text, found) if k is not None and k != self.prefix}
         if scan:  # anything may be under the prefix: only lock-shaped keys count
-            keys = {k for k in keys if k != self.index and not is_auxiliary(k)}
+            keys = {k for k in keys if not k.startswith(INDEX_PREFIX + ":") and not is_auxiliary(k)}
             return [info.name for chunk in _batches(sorted(keys)) for info in self._read(chunk)]
         live: list[str] = []
         gone: list[str] = []
@@ -445,6 +478,10 @@ class Locks:
         return out
 
     def _prune(self, keys: list[str]) -> None:
+        if self._per_key:  # one slot per script: each key with its own index
+            for key in keys:
+                call(self.client, PRUNE_INDEX_SCRIPT, (self._index_of(key), key), ())
+            return
         for chunk in _batches(keys):
             call(self.client, PRUNE_INDEX_SCRIPT, (self.index, *chunk), ())
 
@@ -479,7 +516,7 @@ class Locks:
             if shape == "hash":
                 pipe.hgetall(key)
                 pipe.pttl(key)
-                pipe.hget(self.index, key)
+                pipe.hget(self._index_of(key), key)
                 pipe.llen(aux.queue)
                 pipe.zcard(aux.fair_timeouts)
                 pipe.get(aux.token)
@@ -489,7 +526,7 @@ class Locks:
             else:
                 pipe.get(key)
                 pipe.pttl(key)
-                pipe.hget(self.index, key)
+                pipe.hget(self._index_of(key), key)
                 pipe.zcard(aux.permit_timeouts)
                 if detail:
                     if raw_ok:
@@ -598,22 +635,22 @@ class Locks:
             from .lock import RLock
 
             return RLock(self.client, info.name, prefix=self.prefix).force_unlock()
-        key, aux = info.key, _Keys(info.key)
+        key, aux, index = info.key, _Keys(info.key), self._index_of(info.key)
         script: Script
         if info.kind == "fair":
-            script, keys, args = (FAIR_CLEAR_SCRIPT, (key, aux.queue, aux.fair_timeouts, self.index),
+            script, keys, args = (FAIR_CLEAR_SCRIPT, (key, aux.queue, aux.fair_timeouts, index),
                                   (lock_channel(key), UNLOCK_MESSAGE))
         elif info.kind == "rw":
-            script, keys, args = (RW_CLEAR_SCRIPT, (key, self.index),
+            script, keys, args = (RW_CLEAR_SCRIPT, (key, index),
                                   (prefix_name(RWLOCK_CHANNEL_PREFIX, key), READ_UNLOCK_MESSAGE))
         elif info.kind == "fenced":
-            script, keys, args = (FENCED_CLEAR_SCRIPT, (key, self.index),
+            script, keys, args = (FENCED_CLEAR_SCRIPT, (key, index),
                                   (lock_channel(key), UNLOCK_MESSAGE))
         elif info.kind == "latch":
-            script, keys, args = (LATCH_CLEAR_SCRIPT, (key, self.index),
+            script, keys, args = (LATCH_CLEAR_SCRIPT, (key, index),
                                   (latch_channel(key), READ_UNLOCK_MESSAGE))
         else:  # semaphore, permits, or a string that may be either a semaphore or a latch
-            script, keys = SEMAPHORE_CLEAR_SCRIPT, (key, aux.permit_timeouts, self.index)
+            script, keys = SEMAPHORE_CLEAR_SCRIPT, (key, aux.permit_timeouts, index)
             args = (prefix_name(SEMAPHORE_CHANNEL_PREFIX, key), "0")
             if info.kind == SEMAPHORE_OR_LATCH:
                 args += (latch_channel(key), READ_UNLOCK_MESSAGE)
@@ -623,6 +660,49 @@ class Locks:
         if events.listeners:
             events.emit("force_unlocked", name=info.name, key=key, label=None, deleted=deleted)
         return deleted
+
+
+class ClusterLocks(Locks):
+    """``Locks`` on a Redis Cluster: each master lists, reads and clears its own slots' locks.
+
+    Costs stay per node: SCAN for the per-lock indexes on each master, then the same pipelined
+    reads as on one server, one pipeline per master and batch.
+    """
+
+    def __init__(self, client: Any, prefix: str = "") -> None:
+        check_client(client, f"the locks under {prefix!r}", cluster_ok=True)
+        self.cluster = client
+        self.prefix = prefix
+
+    def _nodes(self) -> list[Locks]:
+        return [Locks(c, self.prefix) for c in node_clients(self.cluster)]
+
+    def _node(self, key: str) -> Locks:
+        return Locks(node_client(self.cluster, key), self.prefix)
+
+    def names(self, match: str = "*", *, scan: bool = False) -> list[str]:
+        return sorted(n for node in self._nodes() for n in node.names(match, scan=scan))
+
+    def read(self, names: Iterable[str]) -> list[LockInfo]:
+        wanted = [n for n in names if n]
+        by_node: dict[Any, list[str]] = {}
+        nodes: dict[Any, Locks] = {}
+        for n in wanted:
+            node = self._node(self.prefix + n)
+            sid = server_id(node.client)
+            nodes.setdefault(sid, node)
+            by_node.setdefault(sid, []).append(n)
+        found = {info.name: info for sid, ns in by_node.items() for info in nodes[sid].read(ns)}
+        return [found[n] for n in wanted if n in found]
+
+    def show(self, name: str) -> LockInfo | None:
+        return self._node(self.prefix + name).show(name) if name else None
+
+    def force(self, info: LockInfo) -> bool:
+        return self._node(info.key).force(info)
+
+    def _read(self, keys: Sequence[str], detail: bool = False) -> list[LockInfo]:
+        return [info for k in keys for info in self._node(k)._read([k], detail)]
 
 
 def describe_holders(client: Any, key: str, prefix: str = "") -> str:

@@ -17,9 +17,17 @@ from typing import Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import events, identity, pubsub, replicas, waiting, wakeline
-from .clients import check_client
+from .clients import (
+    check_client,
+    generation,
+    is_cluster,
+    is_cluster_node,
+    node_client,
+    refresh,
+)
 from .errors import LockNotOwnedError, LockNotSyncedError
 from .naming import (
     DIRECT_TOKEN_MARK,
@@ -108,6 +116,8 @@ class LockBase:
     _RECHECK: float | None = None
     #: Renewal and end-of-owner release of this kind's holds (None: the lock's own).
     _hold_kind: HoldKind | None = None
+    #: Runs on a sync ``RedisCluster`` (on the node of its key's slot).
+    _CLUSTER = False
 
     def __init__(self, client: Any, name: str, prefix: str, watchdog_timeout: float,
                  on_lost: Callable[[str], Any] | None, label: str | None = None,
@@ -124,18 +134,24 @@ class LockBase:
                             f"(lock {name!r})")
         if not isinstance(prefix, str):
             raise TypeError(f"prefix must be a str, not {type(prefix).__name__} (lock {name!r})")
-        check_client(client, f"lock {name!r}")
+        check_client(client, f"lock {name!r}", cluster_ok=self._CLUSTER)
         wt = check_seconds(watchdog_timeout, "watchdog_timeout", name, zero_ok=False)
         if on_lost is not None and not callable(on_lost):
             raise TypeError(f"on_lost must be callable (lock {name!r})")
-        self._client = client
+        self.key = prefix + name
+        #: On a Redis Cluster: the cluster client, and the generation of its slot map that
+        #: ``_node`` (the master of the key's slot) was resolved from.
+        self._cluster = client if is_cluster(client) else None
+        if self._cluster is not None:
+            self._gen = generation(client)
+            client = node_client(client, self.key)
+        self._node = client
         self.name = name
         self.prefix = prefix
-        self.key = prefix + name
         self.watchdog_timeout = wt
         self._watchdog_ms = max(1, math.ceil(wt * 1000))
         self._channel = lock_channel(self.key).encode()
-        self._index = index_key(prefix)
+        self._index = index_key(prefix, self.key if is_cluster_node(client) else None)
         #: KEYS of the acquire and release scripts (lock, index; lock, channel, index).
         self._acquire_keys: tuple[Any, ...] = (self.key, self._index)
         self._release_keys: tuple[Any, ...] = (self.key, self._channel, self._index)
@@ -161,7 +177,30 @@ class LockBase:
 
     @property
     def client(self) -> Any:
+        """The client this lock sends on: on a cluster, its slot's master's own client."""
         return self._client
+
+    @property
+    def _client(self) -> Any:
+        if self._cluster is None or self._gen == generation(self._cluster):
+            return self._node
+        return self._follow()
+
+    @property
+    def _reader(self) -> Any:
+        # Plain reads: on a cluster its own client, which follows MOVED and ASK by itself.
+        return self._client if self._cluster is None else self._cluster
+
+    def _fresh(self) -> None:
+        if self._cluster is not None and self._gen != generation(self._cluster):
+            self._follow()
+
+    def _follow(self) -> Any:
+        """The slot map changed (a redirection, a failover): re-resolve the key's master, and
+        wait and subscribe there from now on. Holds keep their identity (``_server``)."""
+        self._gen = generation(self._cluster)
+        self._node = self._sync_client = node_client(self._cluster, self.key)
+        return self._node
 
     def _lease_ms(self, lease_time: float | None) -> int | None:
         if lease_time is None:
@@ -293,6 +332,7 @@ class LockBase:
                   thread: threading.Thread | None = None, grant_ms: int | None = None) -> Any:
         # Registered before the caller hears of it, so no unlock can run ahead of it.
         renew = lease_ms is None
+        self._fresh()  # renewed where the slot is now (a redirected acquire)
         hold = watchdog().acquired(k, self._sync_client, self.name,
                                    self._watchdog_ms if renew else lease_ms, renew,
                                    self.watchdog_timeout, self._on_lost, thread=thread,
@@ -332,6 +372,7 @@ class LockBase:
     def _waiting(self, k: HoldKey, lease_ms: int | None, t0: float, token: str | None = None,
                  registered: bool = False, line: Any = None) -> waiting.Wait:
         """This lock's wait: its channel, and what a hand-off to the waiter needs."""
+        self._fresh()  # on a cluster, an attempt redirected: subscribe where the slot is now
         if not self._HANDOFF:
             return waiting.Wait(self._sync_client, self._wait_channel(k[2]), self.key,
                                 wakes=self._WAKES, recheck=self._RECHECK)
@@ -488,17 +529,24 @@ class RLock(LockBase):
     while it is held; ``is_lost()`` tells the holder the same.
     """
 
+    _CLUSTER = True
+
     def __init__(self, client: Any, name: str, prefix: str = "", watchdog_timeout: float = 30.0,
                  *, on_lost: Callable[[str], Any] | None = None, label: str | None = None,
                  sync_replicas: int | str | None = "auto", sync_timeout: float = 1.0) -> None:
         super().__init__(client, name, prefix, watchdog_timeout, on_lost, label, sync_replicas,
                          sync_timeout)
-        self._server = server_id(client)
+        self._server = server_id(self._client)
 
     def _target(self) -> tuple[int, tuple[int, int] | None]:
         if self.sync_replicas is None:
             return 0, None
-        n = replicas.connected(self._client, self._server) or 0
+        try:
+            n = replicas.connected(self._client, self._server) or 0
+        except (RedisConnectionError, RedisTimeoutError) as exc:
+            if self._cluster is not None:  # its master died: find the new one next time
+                refresh(self._cluster, exc)
+            raise
         return n, self._sync_target(n)
 
     def _owner(self) -> str:
@@ -660,17 +708,17 @@ class RLock(LockBase):
 
     # -- inspecting -----------------------------------------------------------------------
     def is_locked(self) -> bool:
-        return bool(self._client.exists(self.key))
+        return bool(self._reader.exists(self.key))
 
     def is_held_by_current_thread(self) -> bool:
-        return bool(self._client.hexists(self.key, self._field()))
+        return bool(self._reader.hexists(self.key, self._field()))
 
     def hold_count(self) -> int:
-        return int(self._client.hget(self.key, self._field()) or 0)
+        return int(self._reader.hget(self.key, self._field()) or 0)
 
     def remaining_ttl(self) -> float | None:
         """Seconds left on the lease; None when not locked, ``inf`` for a key without expiry."""
-        return ttl_seconds(self._client.pttl(self.key))
+        return ttl_seconds(self._reader.pttl(self.key))
 
     # -- context manager ------------------------------------------------------------------
     def __enter__(self) -> RLock:

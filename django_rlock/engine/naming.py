@@ -65,13 +65,17 @@ def wake_channel(owner: str) -> str:
 INDEX_PREFIX = "rlock-index"
 
 
-def index_key(prefix: str) -> str:
+def index_key(prefix: str, key: str | None = None) -> str:
     """The hash that lists the locks taken under ``prefix`` (field: lock key; value: since when
     and by whom), so listing never has to SCAN the database.
 
     Outside the prefix, so no lock name can collide with it and ``SCAN prefix*`` never sees it.
+    With ``key`` (a lock on a Redis Cluster): that lock's own index, in its slot, since a script
+    may not write a key of another slot; listing then finds them per master (``listing``).
     """
-    return f"{INDEX_PREFIX}:{prefix}"
+    if key is None:
+        return f"{INDEX_PREFIX}:{prefix}"
+    return _own(f"{INDEX_PREFIX}:{prefix}", key)
 
 
 def prefix_name(prefix: str, key: str) -> str:

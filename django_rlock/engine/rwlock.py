@@ -241,6 +241,7 @@ class _RWKind:
     _HANDOFF = False
     _WAKES = staticmethod(pubsub.wake_all)
     _FORCE = FORCE_SCRIPT
+    _CLUSTER = False  # not on a Redis Cluster yet (issue #10)
     #: What this kind publishes when it frees the lock, and the mode its force-unlock deletes.
     _MESSAGE: str
     _MODE: str

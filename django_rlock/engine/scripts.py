@@ -9,10 +9,21 @@ release it produces a false "not owner" (#4871). A failure here propagates uncha
 from __future__ import annotations
 
 import hashlib
+import time
 from typing import Any
 
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    ConnectionError,
+    MovedError,
+    NoScriptError,
+    ResponseError,
+    TimeoutError,
+    TryAgainError,
+)
 
+from .clients import cluster_of, node_at, node_client, refresh
 from .naming import DIRECT_TOKEN_MARK, WAKE_CHANNEL_PREFIX
 
 # The index (``naming.index_key``): one hash per prefix, field = lock key, value =
@@ -278,17 +289,52 @@ def _send_once(conn: Any, args: tuple[Any, ...], wait: tuple[int, int] | None = 
 
 
 def _call_on(conn: Any, script: Script, keys: tuple[Any, ...], args: tuple[Any, ...],
-             wait: tuple[int, int] | None = None) -> Any:
+             wait: tuple[int, int] | None = None, asking: bool = False) -> Any:
     try:
+        if asking:  # an ASK redirection: it covers the one command that follows
+            _send_once(conn, ("ASKING",))
         out = _send_once(conn, ("EVALSHA", script.sha, len(keys), *keys, *args), wait)
         if wait is not None and isinstance(out[0], NoScriptError):
             raise out[0]
     except NoScriptError:
         # NOSCRIPT means nothing ran, so sending the source now cannot run the script twice.
+        if asking:
+            _send_once(conn, ("ASKING",))
         out = _send_once(conn, ("EVAL", script.source, len(keys), *keys, *args), wait)
     if wait is not None and isinstance(out[0], ResponseError):
         raise out[0]
     return out
+
+
+def _call_once(client: Any, script: Script, keys: tuple[Any, ...], args: tuple[Any, ...],
+               wait: tuple[int, int] | None = None, asking: bool = False) -> Any:
+    conn = getattr(client, "connection", None)
+    if conn is not None:  # single_connection_client=True
+        with client.single_connection_lock:
+            return _call_on(conn, script, keys, args, wait, asking)
+    pool = client.connection_pool
+    try:
+        conn = pool.get_connection()
+    except (ConnectionError, TimeoutError) as exc:
+        if cluster_of(client) is None:
+            raise
+        raise _NotSent(exc) from exc  # on a cluster node: maybe its slot has a new master
+    try:
+        return _call_on(conn, script, keys, args, wait, asking)
+    finally:
+        pool.release(conn)
+
+
+class _NotSent(Exception):
+    """No connection to the server could be had: nothing was sent (``args[0]``: the error)."""
+
+
+#: Replies of a cluster node that mean the script did not run: safe to send it again elsewhere.
+_NOT_RUN = (AskError, TryAgainError, ClusterDownError)
+#: Pauses before sending again after TRYAGAIN (keys of a slot half moved), CLUSTERDOWN or no
+#: connection to the slot's master (a failover under way): about 5 s in all, longer than a
+#: failover with a 1 s node timeout takes.
+_BACKOFF = (0.02, 0.05, 0.1, 0.2, 0.4, 0.8, 1.2, 1.2, 1.2)
 
 
 def call_once(client: Any, script: Script, keys: tuple[Any, ...], args: tuple[Any, ...],
@@ -297,17 +343,44 @@ def call_once(client: Any, script: Script, keys: tuple[Any, ...], args: tuple[An
 
     ``wait=(replicas, timeout_ms)`` sends ``WAIT`` behind it in the same round trip and returns
     ``(reply, acknowledged)``; ``acknowledged`` is the WAIT error if the server refused it.
+
+    On a cluster node (``clients.node_client``) a reply that says the script did not run
+    (MOVED, ASK, TRYAGAIN, CLUSTERDOWN), or no connection to be had at all, sends it where the
+    slot is now; a connection lost after the send is still raised (the script may have run),
+    but the slot map is refreshed for the next call.
     """
-    conn = getattr(client, "connection", None)
-    if conn is not None:  # single_connection_client=True
-        with client.single_connection_lock:
-            return _call_on(conn, script, keys, args, wait)
-    pool = client.connection_pool
-    conn = pool.get_connection()
     try:
-        return _call_on(conn, script, keys, args, wait)
-    finally:
-        pool.release(conn)
+        return _call_once(client, script, keys, args, wait)
+    except (*_NOT_RUN, _NotSent) as exc:
+        cluster = cluster_of(client)
+        if cluster is None:
+            raise
+        return _redirected(cluster, exc, script, keys, args, wait)
+    except (ConnectionError, TimeoutError) as exc:
+        cluster = cluster_of(client)
+        if cluster is not None:
+            refresh(cluster, exc)
+        raise
+
+
+def _redirected(cluster: Any, exc: Exception, script: Script, keys: tuple[Any, ...],
+                args: tuple[Any, ...], wait: tuple[int, int] | None) -> Any:
+    for pause in _BACKOFF:
+        asking = False
+        if isinstance(exc, MovedError):
+            refresh(cluster, exc)
+            target = node_client(cluster, keys[0])
+        elif isinstance(exc, AskError):  # the slot is migrating and the keys are there already
+            target, asking = node_at(cluster, exc.host, exc.port), True
+        else:  # TRYAGAIN, CLUSTERDOWN, or its master unreachable (a failover under way)
+            time.sleep(pause)
+            refresh(cluster, exc)
+            target = node_client(cluster, keys[0])
+        try:
+            return _call_once(target, script, keys, args, wait, asking)
+        except (*_NOT_RUN, _NotSent) as again:
+            exc = again
+    raise exc.args[0] if isinstance(exc, _NotSent) else exc
 
 
 def call(client: Any, script: Script, keys: tuple[Any, ...], args: tuple[Any, ...]) -> Any:

@@ -24,9 +24,11 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from redis.exceptions import NoScriptError
+from redis.crc import key_slot
+from redis.exceptions import AskError, MovedError, NoScriptError
 
 from . import events, identity, replicas
+from .clients import cluster_of, is_cluster_node, node_client, refresh
 from .scripts import FORCE_UNLOCK_OWNER_SCRIPT, RENEW_SCRIPT, Script
 
 logger = logging.getLogger("django_rlock")
@@ -67,6 +69,26 @@ def server_id(client: Any) -> tuple[Any, ...]:
     )
     _server_ids[pool] = ident
     return ident
+
+
+def _slot(key: Any) -> int:
+    return key_slot(key.encode() if isinstance(key, str) else key)
+
+
+def _follow(group: list[Hold], exc: Exception) -> bool:
+    """After a failed renewal on a cluster node: refresh the slot map and send each hold's next
+    renewal to its slot's master now (a migration or failover moved it; ASK waits for MOVED).
+    True if every hold was re-resolved."""
+    cluster = cluster_of(group[0].client)
+    if cluster is None or isinstance(exc, AskError) and not isinstance(exc, MovedError):
+        return False
+    refresh(cluster, exc)
+    for h in group:
+        try:
+            h.client = node_client(cluster, h.key)
+        except Exception:  # no map yet: the next failure tries again
+            return False
+    return True
 
 
 class Hold:
@@ -315,8 +337,8 @@ class Watchdog:
         others past their lease. A server whose last renewal is still in flight is tried
         again a second later."""
         by_server: dict[tuple[Any, ...], list[Hold]] = {}
-        for h in holds:
-            by_server.setdefault(h.server, []).append(h)
+        for h in holds:  # by the server renewals go to (on a cluster: the slot's master now)
+            by_server.setdefault(server_id(h.client), []).append(h)
         for server, group in by_server.items():
             with self._lock:
                 if server in self._inflight:  # soon, and well inside every lease
@@ -337,12 +359,20 @@ class Watchdog:
             with self._lock:
                 self._inflight.discard(server)
 
-    def _renew_group(self, group: list[Hold]) -> None:
+    def _renew_group(self, group: list[Hold], moved: bool = False) -> None:
         sent = time.monotonic()
         try:
             results, synced = self._renew_on(group[0].client, group)
         except Exception as exc:  # never let the thread die; retry soon, not a period later
             replicas.forget(group[0].server)  # maybe a failover: count the new master's replicas
+            if _follow(group, exc) and isinstance(exc, MovedError) and not moved:
+                # A slot moved (a resharding): nothing ran; renew where it is now, at once.
+                by_node: dict[tuple[Any, ...], list[Hold]] = {}
+                for h in group:
+                    by_node.setdefault(server_id(h.client), []).append(h)
+                for part in by_node.values():
+                    self._renew_group(part, moved=True)
+                return
             now = time.monotonic()
             # Past its last confirmed lease the key is gone wherever it was (a promoted replica
             # holds no later TTL): lost for good, not worth retrying.
@@ -367,9 +397,13 @@ class Watchdog:
         """Renew every hold of one server in one pipeline (with WAIT behind, on a master with
         replicas): a batched script per kind. Returns the per-hold results, in ``group``
         order, and whether the renewals reached a replica."""
-        by_script: dict[str, list[Hold]] = {}
+        # On a cluster node a script's keys must share a slot: a batch per slot there, still
+        # all in the one pipeline (one round trip per node and period).
+        per_slot = is_cluster_node(client)
+        by_script: dict[Any, list[Hold]] = {}
         for h in group:
-            by_script.setdefault(h.renew_script.sha, []).append(h)
+            batch = (h.renew_script.sha, _slot(h.renew_key)) if per_slot else h.renew_script.sha
+            by_script.setdefault(batch, []).append(h)
         calls = []
         order: list[Hold] = []
         for holds in by_script.values():
@@ -402,7 +436,7 @@ class Watchdog:
         """Release the holds of threads that ended holding them (one pipeline per server)."""
         by_server: dict[tuple[Any, ...], list[Hold]] = {}
         for h in holds:
-            by_server.setdefault(h.server, []).append(h)
+            by_server.setdefault(server_id(h.client), []).append(h)
         for group in by_server.values():
             try:
                 results = self._pipeline(group[0].client, [
