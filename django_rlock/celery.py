@@ -48,7 +48,7 @@ from .decorators import (
     turned_away,
 )
 from .engine import LockBusy, identity
-from .engine.naming import index_key
+from .engine.clients import for_key, index_for
 from .engine.scripts import MARK_CLAIM_SCRIPT, MARK_RELEASE_SCRIPT, call, call_once
 from .engine.watchdog import server_id, watchdog
 
@@ -138,8 +138,8 @@ class LockedTask(Task):
         key = prefix + name
         ttl_ms = max(1, math.ceil(float(self.dedupe_ttl) * 1000))
         field = _field(task_id)
-        holder = call(client, MARK_CLAIM_SCRIPT, (key, index_key(prefix)),
-                      (field, ttl_ms, identity.thread_info(field)))
+        keys = (key, index_for(client, prefix, key))
+        holder = call(client, MARK_CLAIM_SCRIPT, keys, (field, ttl_ms, identity.thread_info(field)))
         if holder is not None:
             existing = (holder.decode() if isinstance(holder, bytes) else holder).rsplit(":", 1)[0]
             logger.info("django-rlock: not enqueueing %s: the identical task %s is queued or running",
@@ -148,7 +148,7 @@ class LockedTask(Task):
         try:
             return super().apply_async(args, kwargs, task_id, *rest, **options)
         except BaseException:
-            call(client, MARK_RELEASE_SCRIPT, (key, index_key(prefix)), (field,))
+            call(client, MARK_RELEASE_SCRIPT, keys, (field,))
             raise
 
 
@@ -156,10 +156,13 @@ class _Mark:
     """A running task's claim on its de-dup mark, renewed by this process's watchdog."""
 
     def __init__(self, spec: Any, task: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        self.client, prefix, self.watchdog_timeout = spec._where()
+        client, prefix, self.watchdog_timeout = spec._where()
         call_args = args[1:] if args and args[0] is task else args
         self.key = prefix + dedupe_name(task, call_args, kwargs)
-        self.keys = (self.key, index_key(prefix))
+        #: Idempotent scripts go through ``client`` (a cluster client follows a moved slot);
+        #: the claim, sent once, and its renewals through the key's own server.
+        self.caller, self.client = client, for_key(client, self.key)
+        self.keys = (self.key, index_for(client, prefix, self.key))
         self.field = _field(task.request.id)
         self.k = (server_id(self.client), self.key, self.field)
         self.held = False
@@ -186,7 +189,7 @@ class _Mark:
 
     def _release(self) -> None:
         watchdog().forget(self.k)
-        call(self.client, MARK_RELEASE_SCRIPT, self.keys, (self.field,))
+        call(self.caller, MARK_RELEASE_SCRIPT, self.keys, (self.field,))
 
 
 @task_revoked.connect
@@ -198,7 +201,8 @@ def _release_revoked_mark(sender: Any = None, request: Any = None, **_: Any) -> 
     try:
         client, prefix, _ = spec._where()
         key = prefix + dedupe_name(sender, request.args, request.kwargs)
-        call(client, MARK_RELEASE_SCRIPT, (key, index_key(prefix)), (_field(request.id),))
+        call(client, MARK_RELEASE_SCRIPT, (key, index_for(client, prefix, key)),
+             (_field(request.id),))
     except Exception:
         logger.exception("django-rlock: could not release the de-dup mark of revoked task %s",
                          getattr(request, "id", "?"))

@@ -19,6 +19,7 @@ from django.dispatch import receiver
 class Config(TypedDict):
     CACHE: str
     REDIS_URL: str | None
+    CLUSTER: bool
     PREFIX: str | None
     WATCHDOG_TIMEOUT: float
     BUSY_STATUS: int
@@ -35,6 +36,9 @@ DEFAULTS: Config = {
     # A Redis URL (redis://, rediss://, unix://) the locks use instead of a cache's connection:
     # for a cache that is not Redis, or locks on a server of their own. Wins over CACHE.
     "REDIS_URL": None,
+    # REDIS_URL names a node of a Redis Cluster (redis:// or rediss://): the locks use a
+    # redis-py RedisCluster that discovers the others. Only RLock runs on a cluster so far.
+    "CLUSTER": False,
     # Key prefix of lock hashes; None: "<KEY_PREFIX>:rlock:" (or "rlock:" without KEY_PREFIX).
     "PREFIX": None,
     # Lease of a lock held without lease_time, renewed every third of it while held.
@@ -88,6 +92,13 @@ def validate(config: Mapping[str, Any]) -> list[str]:
                             or not url.startswith(("redis://", "rediss://", "unix://"))):
         problems.append(f"RLOCK['REDIS_URL'] must be None or a redis://, rediss:// or unix:// "
                         f"URL, got {url!r}")
+    cluster = config["CLUSTER"]
+    if not isinstance(cluster, bool):
+        problems.append(f"RLOCK['CLUSTER'] must be True or False, got {cluster!r}")
+    elif cluster and not (isinstance(url, str) and url.startswith(("redis://", "rediss://"))):
+        problems.append(f"RLOCK['CLUSTER'] needs RLOCK['REDIS_URL'] to be the redis:// or "
+                        f"rediss:// URL of a cluster node (no cache backend hands out a redis-py "
+                        f"RedisCluster), got {url!r}")
     prefix = config["PREFIX"]
     if prefix is not None and not isinstance(prefix, str):
         problems.append(f"RLOCK['PREFIX'] must be a str or None, got {prefix!r}")

@@ -96,8 +96,13 @@ def _url_client(url: str) -> redis.Redis:
     client = _url_clients.get(url)
     if client is None:
         import redis
+        import redis.cluster
 
-        client = _url_clients.setdefault(url, redis.Redis.from_url(url))
+        # RLOCK['CLUSTER']: a node's URL; the cluster client finds the others (and follows
+        # their failovers). Dropped with the setting, like the plain client.
+        made = (redis.cluster.RedisCluster.from_url(url) if get_config()["CLUSTER"] is True
+                else redis.Redis.from_url(url))
+        client = _url_clients.setdefault(url, made)
     return client
 
 

@@ -1,0 +1,88 @@
+"""Django on a Redis Cluster (issue #10): ``RLOCK = {"REDIS_URL": <a node>, "CLUSTER": True}``.
+
+``get_lock`` and ``@locked`` take RLocks on the cluster, ``manage.py locks`` lists (and clears)
+them on every master, kinds that do not run on a cluster yet say so, and the checks explain a
+cluster setting without a node's URL.
+"""
+
+from __future__ import annotations
+
+import json
+from io import StringIO
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+
+from django_rlock import get_lock, locked
+from django_rlock.checks import check_settings
+from django_rlock.connection import get_client
+from django_rlock.engine.clients import is_cluster
+from tests.cluster.conftest import cluster, cluster_support  # noqa: F401 - the fixtures
+from tests.cluster_topology import ClusterTopology
+
+
+@pytest.fixture
+def on_cluster(settings: Any, cluster: ClusterTopology) -> ClusterTopology:  # noqa: F811
+    settings.RLOCK = {"REDIS_URL": f"redis://127.0.0.1:{cluster.masters()[0].port}/0",
+                      "CLUSTER": True, "PREFIX": "dj:"}
+    return cluster
+
+
+def _run(*args: str, **options: Any) -> str:
+    out = StringIO()
+    call_command("locks", *args, stdout=out, stderr=StringIO(), **options)
+    return out.getvalue()
+
+
+def _names_over_every_master(topo: ClusterTopology, prefix: str) -> list[str]:
+    names = [f"job-{i}" for i in range(24)]
+    assert {topo.node_for_key(prefix + n).port for n in names} == {
+        m.port for m in topo.masters()}
+    return names
+
+
+def test_get_lock_and_locked_run_on_the_cluster(on_cluster: ClusterTopology):
+    assert check_settings() == []
+    assert is_cluster(get_client()) and get_client() is get_client()
+    lock = get_lock("report")
+    with lock:
+        master = on_cluster.node_for_key("dj:report")
+        with on_cluster.node_client(master) as c:
+            assert c.hexists("dj:report", lock._field())
+        assert lock.client.connection_pool.connection_kwargs["port"] == master.port
+
+    @locked("task:{n}")
+    def work(n: int) -> bool:
+        return get_lock(f"task:{n}").is_held_by_current_thread()
+
+    assert work(7) is True
+    assert not get_lock("task:7").is_locked()
+    with pytest.raises(TypeError, match="Redis Cluster client"):
+        get_lock("report", kind="fair")
+
+
+def test_manage_py_locks_lists_and_clears_every_master(on_cluster: ClusterTopology):
+    names = _names_over_every_master(on_cluster, "dj:")
+    locks = [get_lock(n) for n in names]
+    for lock in locks:
+        lock.lock()
+    try:
+        listed = json.loads(_run("list", format="json"))
+        assert sorted(row["name"] for row in listed) == sorted(names)
+        _run("clear", names[0], names[1], interactive=False)
+        listed = json.loads(_run("list", format="json"))
+        assert sorted(row["name"] for row in listed) == sorted(names[2:])
+    finally:
+        for lock in locks:
+            if lock.is_held_by_current_thread():
+                lock.unlock()
+
+
+def test_cluster_without_a_node_url_is_e003(settings: Any):
+    settings.RLOCK = {"CLUSTER": True}
+    errors = [m for m in check_settings() if m.id == "django_rlock.E003"]
+    assert len(errors) == 1 and "REDIS_URL" in errors[0].msg and "CLUSTER" in errors[0].msg
+    settings.RLOCK = {"CLUSTER": "yes", "REDIS_URL": "redis://127.0.0.1:1/0"}
+    errors = [m for m in check_settings() if m.id == "django_rlock.E003"]
+    assert len(errors) == 1 and "CLUSTER" in errors[0].msg
