@@ -41,6 +41,7 @@ from .naming import (
 from .scripts import (
     ACQUIRE_SCRIPT,
     FORCE_UNLOCK_SCRIPT,
+    REDIRECT_BACKOFF,
     RELEASE_SCRIPT,
     RENEW_SCRIPT,
     Script,
@@ -544,10 +545,22 @@ class RLock(LockBase):
         try:
             n = replicas.connected(self._client, self._server) or 0
         except (RedisConnectionError, RedisTimeoutError) as exc:
-            if self._cluster is not None:  # its master died: find the new one next time
-                refresh(self._cluster, exc)
-            raise
+            if self._cluster is None:
+                raise
+            n = self._connected_after(exc)
         return n, self._sync_target(n)
+
+    def _connected_after(self, exc: Exception) -> int:
+        """The replica probe found no master (a read, so safe to repeat): on a cluster, its
+        slot may have a new one; look again while a failover may still be under way."""
+        for pause in REDIRECT_BACKOFF:
+            time.sleep(pause)
+            refresh(self._cluster, exc)
+            try:
+                return replicas.connected(self._client, self._server) or 0
+            except (RedisConnectionError, RedisTimeoutError) as again:
+                exc = again
+        raise exc
 
     def _owner(self) -> str:
         return identity.thread_owner()

@@ -334,7 +334,7 @@ _NOT_RUN = (AskError, TryAgainError, ClusterDownError)
 #: Pauses before sending again after TRYAGAIN (keys of a slot half moved), CLUSTERDOWN or no
 #: connection to the slot's master (a failover under way): about 5 s in all, longer than a
 #: failover with a 1 s node timeout takes.
-_BACKOFF = (0.02, 0.05, 0.1, 0.2, 0.4, 0.8, 1.2, 1.2, 1.2)
+REDIRECT_BACKOFF = (0.02, 0.05, 0.1, 0.2, 0.4, 0.8, 1.2, 1.2, 1.2)
 
 
 def call_once(client: Any, script: Script, keys: tuple[Any, ...], args: tuple[Any, ...],
@@ -365,7 +365,7 @@ def call_once(client: Any, script: Script, keys: tuple[Any, ...], args: tuple[An
 
 def _redirected(cluster: Any, exc: Exception, script: Script, keys: tuple[Any, ...],
                 args: tuple[Any, ...], wait: tuple[int, int] | None) -> Any:
-    for pause in _BACKOFF:
+    for pause in REDIRECT_BACKOFF:
         asking = False
         if isinstance(exc, MovedError):
             refresh(cluster, exc)
