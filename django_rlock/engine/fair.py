@@ -205,7 +205,6 @@ class _Fair:
     _FORCE = FAIR_FORCE_SCRIPT
     # Only the queue decides who is next: no in-process hand-off past it.
     _HANDOFF = False
-    _CLUSTER = False  # not on a Redis Cluster yet (issue #10)
 
     key: str
     name: str

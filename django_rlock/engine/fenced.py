@@ -77,7 +77,6 @@ class _Fenced:
     # Only RLock's release script can grant a lock to a waiter, and a grant would skip the
     # token: every acquisition goes through FENCED_ACQUIRE.
     _HANDOFF = False
-    _CLUSTER = False  # not on a Redis Cluster yet (issue #10)
 
     key: str
     _index: str
@@ -157,7 +156,7 @@ class FencedLock(_Fenced, RLock):
 
         Not necessarily the caller's: use the token ``*_and_get_token`` returned for fencing.
         """
-        value = self._client.get(self.token_key)
+        value = self._reader.get(self.token_key)
         return None if value is None else int(value)
 
     def __enter__(self) -> FencedLock:

@@ -241,7 +241,6 @@ class _RWKind:
     _HANDOFF = False
     _WAKES = staticmethod(pubsub.wake_all)
     _FORCE = FORCE_SCRIPT
-    _CLUSTER = False  # not on a Redis Cluster yet (issue #10)
     #: What this kind publishes when it frees the lock, and the mode its force-unlock deletes.
     _MESSAGE: str
     _MODE: str
@@ -323,7 +322,7 @@ class ReadLock(_ReadKind, RLock):
         self._rw_setup()
 
     def is_locked(self) -> bool:
-        pipe = self._client.pipeline(transaction=False)
+        pipe = self._reader.pipeline(transaction=False)
         pipe.hget(self.key, "mode")
         pipe.hlen(self.key)
         mode, fields = pipe.execute()
@@ -338,7 +337,7 @@ class WriteLock(_WriteKind, RLock):
         self._rw_setup()
 
     def is_locked(self) -> bool:
-        return self._client.hget(self.key, "mode") == b"write"
+        return self._reader.hget(self.key, "mode") == b"write"
 
 
 class ReadWriteLock:

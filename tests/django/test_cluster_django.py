@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 
-from django_rlock import get_lock, locked
+from django_rlock import get_lock, limited, locked
 from django_rlock.checks import check_settings
 from django_rlock.connection import get_client
 from django_rlock.engine.clients import is_cluster
@@ -58,8 +58,16 @@ def test_get_lock_and_locked_run_on_the_cluster(on_cluster: ClusterTopology):
 
     assert work(7) is True
     assert not get_lock("task:7").is_locked()
+    for kind in ("fair", "fenced", "read", "write"):
+        with get_lock("report", kind=kind) as held:
+            assert held.is_locked()
+
+    @limited("slots", permits=2)
+    def limited_work() -> None:
+        pass
+
     with pytest.raises(TypeError, match="Redis Cluster client"):
-        get_lock("report", kind="fair")
+        limited_work()  # semaphores do not run on a cluster yet
 
 
 def test_manage_py_locks_lists_and_clears_every_master(on_cluster: ClusterTopology):
