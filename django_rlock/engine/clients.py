@@ -140,8 +140,8 @@ def check_client(client: Any, what: str, cluster_ok: bool = False) -> None:
             "a Redis Cluster")
         raise TypeError(
             f"{type(client).__name__} is {kind} client, which this kind does not support yet "
-            f"({what}): on a cluster use RLock with a sync RedisCluster, or a client of a "
-            f"standalone or Sentinel-managed Redis")
+            f"({what}): on a cluster use the sync kinds with a sync RedisCluster, or a client "
+            f"of a standalone or Sentinel-managed Redis")
     raise TypeError(f"client must be a redis-py client, not {type(client).__name__} ({what})")
 
 
@@ -184,3 +184,46 @@ def async_twin(client: Any) -> redis.asyncio.Redis:
         twin = redis.asyncio.Redis(connection_pool=redis.asyncio.ConnectionPool(**kwargs))
         per_loop[loop] = twin
     return twin
+
+
+class SlotBound:
+    """A lock or counter whose names share one slot. On a Redis Cluster it sends on the own
+    client of that slot's master, and re-resolves it whenever the cluster client's slot map
+    was refreshed since (a redirection, a failover); elsewhere it sends on its client."""
+
+    _cluster: Any = None
+    _gen = 0
+    _node: Any
+    _sync_client: Any
+    key: str
+
+    def _bind(self, client: Any) -> Any:
+        """The client to send on for ``self.key`` (call once, with ``key`` set)."""
+        if is_cluster(client):
+            self._cluster = client
+            self._gen = generation(client)
+            client = node_client(client, self.key)
+        self._node = client
+        return client
+
+    @property
+    def _client(self) -> Any:
+        if self._cluster is None or self._gen == generation(self._cluster):
+            return self._node
+        return self._follow()
+
+    @property
+    def _reader(self) -> Any:
+        # Plain reads: on a cluster its own client, which follows MOVED and ASK by itself.
+        return self._client if self._cluster is None else self._cluster
+
+    def _fresh(self) -> None:
+        if self._cluster is not None and self._gen != generation(self._cluster):
+            self._follow()
+
+    def _follow(self) -> Any:
+        """The slot map changed: re-resolve the key's master, and wait and subscribe there
+        from now on. Holds keep their identity (``_server``)."""
+        self._gen = generation(self._cluster)
+        self._node = self._sync_client = node_client(self._cluster, self.key)
+        return self._node

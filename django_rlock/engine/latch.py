@@ -88,13 +88,13 @@ class CountDownLatch(_LatchBase):
         call_once(self._client, LATCH_COUNT_DOWN_SCRIPT, self._keys, ())
 
     def get_count(self) -> int:
-        return int(self._client.get(self.key) or 0)
+        return int(self._reader.get(self.key) or 0)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until the count is zero (``await`` in Redisson); False if ``timeout`` seconds
         passed first (None: no limit, 0: just look)."""
         budget = self._budget(timeout, "timeout")
-        return self._waits(lambda: self._open(self._client.get(self.key)), budget)
+        return self._waits(lambda: self._open(self._reader.get(self.key)), budget)
 
     def delete(self) -> bool:
         """Delete the latch (its waiters see a count of 0 and return); True if there was one."""

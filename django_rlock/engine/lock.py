@@ -20,14 +20,7 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import events, identity, pubsub, replicas, waiting, wakeline
-from .clients import (
-    check_client,
-    generation,
-    is_cluster,
-    is_cluster_node,
-    node_client,
-    refresh,
-)
+from .clients import SlotBound, check_client, is_cluster_node, refresh
 from .errors import LockNotOwnedError, LockNotSyncedError
 from .naming import (
     DIRECT_TOKEN_MARK,
@@ -90,7 +83,7 @@ def check_name(name: Any) -> str:
     return name
 
 
-class LockBase:
+class LockBase(SlotBound):
     """What the sync and asyncio locks share: validation, names, and the bookkeeping around
     each round trip (the hold registry, the waiter queues, the hand-off). Subclasses do I/O.
 
@@ -140,13 +133,7 @@ class LockBase:
         if on_lost is not None and not callable(on_lost):
             raise TypeError(f"on_lost must be callable (lock {name!r})")
         self.key = prefix + name
-        #: On a Redis Cluster: the cluster client, and the generation of its slot map that
-        #: ``_node`` (the master of the key's slot) was resolved from.
-        self._cluster = client if is_cluster(client) else None
-        if self._cluster is not None:
-            self._gen = generation(client)
-            client = node_client(client, self.key)
-        self._node = client
+        client = self._bind(client)  # on a cluster: its slot's master
         self.name = name
         self.prefix = prefix
         self.watchdog_timeout = wt
@@ -180,28 +167,6 @@ class LockBase:
     def client(self) -> Any:
         """The client this lock sends on: on a cluster, its slot's master's own client."""
         return self._client
-
-    @property
-    def _client(self) -> Any:
-        if self._cluster is None or self._gen == generation(self._cluster):
-            return self._node
-        return self._follow()
-
-    @property
-    def _reader(self) -> Any:
-        # Plain reads: on a cluster its own client, which follows MOVED and ASK by itself.
-        return self._client if self._cluster is None else self._cluster
-
-    def _fresh(self) -> None:
-        if self._cluster is not None and self._gen != generation(self._cluster):
-            self._follow()
-
-    def _follow(self) -> Any:
-        """The slot map changed (a redirection, a failover): re-resolve the key's master, and
-        wait and subscribe there from now on. Holds keep their identity (``_server``)."""
-        self._gen = generation(self._cluster)
-        self._node = self._sync_client = node_client(self._cluster, self.key)
-        return self._node
 
     def _lease_ms(self, lease_time: float | None) -> int | None:
         if lease_time is None:

@@ -384,11 +384,23 @@ def _redirected(cluster: Any, exc: Exception, script: Script, keys: tuple[Any, .
 
 
 def call(client: Any, script: Script, keys: tuple[Any, ...], args: tuple[Any, ...]) -> Any:
-    """Run an idempotent script through the client's normal path (its retry policy applies)."""
+    """Run an idempotent script through the client's normal path (its retry policy applies);
+    on a cluster node, follow its slot as ``call_once`` does."""
     try:
-        return client.evalsha(script.sha, len(keys), *keys, *args)
-    except NoScriptError:
-        return client.eval(script.source, len(keys), *keys, *args)
+        try:
+            return client.evalsha(script.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            return client.eval(script.source, len(keys), *keys, *args)
+    except _NOT_RUN as exc:
+        cluster = cluster_of(client)
+        if cluster is None:
+            raise
+        return _redirected(cluster, exc, script, keys, args, None)
+    except (ConnectionError, TimeoutError) as exc:
+        cluster = cluster_of(client)
+        if cluster is not None:
+            refresh(cluster, exc)
+        raise
 
 
 async def _asend_once(conn: Any, args: tuple[Any, ...], wait: tuple[int, int] | None = None) -> Any:

@@ -33,7 +33,7 @@ from types import TracebackType
 from typing import Any
 
 from . import pubsub, waiting
-from .clients import check_client, sync_twin
+from .clients import SlotBound, check_client, is_cluster_node, sync_twin
 from .errors import LockNotOwnedError
 from .lock import check_name, check_seconds
 from .naming import SEMAPHORE_CHANNEL_PREFIX, index_key, prefix_name, suffix_name
@@ -244,7 +244,7 @@ PES_RENEW_SCRIPT = Script(PES_RENEW)
 
 
 # -- what the non-lock kinds share -------------------------------------------------------------
-class _Named:
+class _Named(SlotBound):
     """Validation, names and the client pair of a semaphore or latch.
 
     A sync object sends on ``client`` and waits on it; an asyncio one sends on its
@@ -267,15 +267,15 @@ class _Named:
                             f"({self._WHAT} {name!r})")
         for c in (client, sync_client):
             if c is not None:
-                check_client(c, f"{self._WHAT} {name!r}")
+                check_client(c, f"{self._WHAT} {name!r}", cluster_ok=c is client and not aio)
         if client is None:
             raise TypeError(f"client must be a redis-py client, not NoneType "
                             f"({self._WHAT} {name!r})")
-        self._client = client
         self.name = name
         self.prefix = prefix
         self.key = prefix + name
-        self._index = index_key(prefix)
+        client = self._bind(client)  # on a cluster: its slot's master
+        self._index = index_key(prefix, self.key if is_cluster_node(client) else None)
         if sync_client is None:
             sync_client = sync_twin(client) if aio else client
         self._sync_client = sync_client
@@ -313,6 +313,7 @@ class _Named:
 
     # -- waiting ---------------------------------------------------------------------------
     def _wait(self) -> waiting.Wait:
+        self._fresh()  # on a cluster, an attempt redirected: subscribe where the slot is now
         return waiting.Wait(self._sync_client, self._channel, self.key, wakes=self._WAKES,
                             recheck=self._RECHECK)
 
@@ -432,7 +433,7 @@ class Semaphore(_SemaphoreBase):
             call_once(self._client, SEM_RELEASE_SCRIPT, self._keys, (n,))
 
     def available_permits(self) -> int:
-        return int(self._client.get(self.key) or 0)
+        return int(self._reader.get(self.key) or 0)
 
     def drain_permits(self) -> int:
         """Take every permit available; returns how many that was."""
@@ -555,6 +556,7 @@ class _PermitsBase(_Named):
         """A permit taken without a lease: the watchdog renews it until it is released or
         the process dies. Not tied to the thread or task that took it (anyone may release
         it, and it outlives them), so no owner is watched."""
+        self._fresh()  # renewed where the slot is now (a redirected acquire)
         watchdog().acquired(
             self._hold_key(permit_id), self._sync_client, self.name, self._watchdog_ms, True,
             self.watchdog_timeout, None, scripts_keys=self._keys,

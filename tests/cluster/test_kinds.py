@@ -1,5 +1,6 @@
-"""The lock family on a Redis Cluster (issue #10): FairLock, FencedLock and ReadWriteLock run on
-the master of their key's slot as RLock does, with their own scripts, channels and renewals.
+"""The family on a Redis Cluster (issue #10): FairLock, FencedLock, ReadWriteLock, the semaphores
+and the latch run on the master of their key's slot as RLock does, with their own scripts,
+channels and renewals.
 """
 
 from __future__ import annotations
@@ -10,8 +11,16 @@ import time
 import pytest
 from redis.crc import key_slot
 
-from django_rlock import FairLock, FencedLock, ReadWriteLock
+from django_rlock import (
+    CountDownLatch,
+    FairLock,
+    FencedLock,
+    PermitExpirableSemaphore,
+    ReadWriteLock,
+    Semaphore,
+)
 from django_rlock.engine.listing import Locks
+from django_rlock.engine.semaphore import RECHECK
 from tests.cluster_topology import ClusterTopology
 
 
@@ -121,3 +130,69 @@ def test_readers_share_and_a_writer_waits_for_both(cluster: ClusterTopology):
     assert got.wait(5), "the writer was not woken by the last read unlock"
     wt.join(5)
     assert not rw.write_lock().is_locked()
+
+
+def test_a_semaphore_wakes_a_waiter_when_a_permit_comes_back(cluster: ClusterTopology):
+    rc = cluster.client()
+    sem = Semaphore(rc, "sem-cluster")
+    assert sem.try_set_permits(1)
+    master = cluster.node_for_key(sem.key)
+    with cluster.node_client(master) as c:
+        assert c.get(sem.key) == b"1" and c.hexists(sem._index, sem.key)
+    sem.acquire()
+    got = threading.Event()
+
+    def waiter() -> None:
+        Semaphore(rc, "sem-cluster").acquire()
+        got.set()
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    time.sleep(0.5)
+    assert not got.is_set() and sem.available_permits() == 0
+    t0 = time.monotonic()
+    sem.release()
+    assert got.wait(5)
+    assert time.monotonic() - t0 < RECHECK / 2  # woken by the release, not by its re-check
+    t.join(5)
+    (info,) = Locks(rc).read(["sem-cluster"])
+    assert info.kind in ("semaphore", "semaphore|latch")
+    assert sem.delete() and not sem.delete()
+
+
+def test_expirable_permits_are_renewed_and_listed_on_a_cluster(cluster: ClusterTopology):
+    rc = cluster.client()
+    sem = PermitExpirableSemaphore(rc, "permits-cluster", watchdog_timeout=1.5)
+    assert sem.try_set_permits(2)
+    a = sem.acquire()  # no lease: renewed by the watchdog
+    time.sleep(2.0)
+    assert sem.available_permits() == 1  # still taken past its 1.5 s lease
+    (info,) = Locks(rc).read(["permits-cluster"])
+    assert info.kind == "permits"
+    b = sem.try_acquire(lease_time=5)
+    assert b is not None and sem.try_acquire() is None
+    sem.release(a)
+    sem.release(b)
+    assert sem.available_permits() == 2
+    assert sem.delete()
+
+
+def test_a_latch_opens_for_its_waiter_on_a_cluster(cluster: ClusterTopology):
+    rc = cluster.client()
+    latch = CountDownLatch(rc, "latch-cluster")
+    assert latch.try_set_count(2)
+    opened = threading.Event()
+
+    def waiter() -> None:
+        if CountDownLatch(rc, "latch-cluster").wait(10):
+            opened.set()
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    latch.count_down()
+    time.sleep(0.3)
+    assert not opened.is_set() and latch.get_count() == 1
+    latch.count_down()
+    assert opened.wait(5)
+    t.join(5)
+    assert latch.get_count() == 0
