@@ -60,10 +60,30 @@ def cluster_of(client: Any) -> Any | None:
     return ref() if ref is not None else None
 
 
+#: Pools of cluster nodes whose server has sharded pub/sub (Redis 7+, Valkey).
+_sharded_pools: weakref.WeakSet[Any] = weakref.WeakSet()
+#: Use sharded pub/sub on cluster nodes that have it (as Redisson does since 3.22): a release
+#: reaches its shard's nodes only, not every node of the cluster.
+SHARDED = True
+
+
 def _own(cluster: Any, node: Any) -> redis.Redis:
     client = node.redis_connection or cluster.get_redis_connection(node)
-    _node_pools[client.connection_pool] = weakref.ref(cluster)
+    pool = client.connection_pool
+    if pool not in _node_pools:
+        _node_pools[pool] = weakref.ref(cluster)
+        try:
+            version = str(client.info("server").get("redis_version", "0"))
+        except redis.exceptions.RedisError:
+            version = "0"  # unreachable now (a failover): classic until resolved again
+        if int(version.split(".")[0] or 0) >= 7:
+            _sharded_pools.add(pool)
     return client
+
+
+def sharded(client: Any) -> bool:
+    """Lock channels on ``client``'s server are shard channels (SSUBSCRIBE, SPUBLISH)."""
+    return SHARDED and getattr(client, "connection_pool", None) in _sharded_pools
 
 
 def node_client(cluster: Any, key: str | bytes) -> redis.Redis:

@@ -24,7 +24,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from redis.crc import key_slot
+
 from . import identity
+from .clients import sharded
 from .watchdog import server_id
 
 logger = logging.getLogger("django_rlock")
@@ -415,11 +418,20 @@ class Slot:
         return w.granted
 
 
+_SHARDED_KINDS = {b"smessage": b"message", b"ssubscribe": b"subscribe",
+                  b"sunsubscribe": b"unsubscribe"}
+
+
 class PubSubManager:
     """The subscription connection to one Redis server and its listener thread."""
 
     def __init__(self, client: Any) -> None:
         self._client = client
+        #: Sharded pub/sub (a Redis 7+ or Valkey cluster node: ``clients.sharded``): the scripts
+        #: SPUBLISH, so channels are SSUBSCRIBEd, one slot per command.
+        self._sharded = sharded(client)
+        self._sub = "SSUBSCRIBE" if self._sharded else "SUBSCRIBE"
+        self._unsub = "SUNSUBSCRIBE" if self._sharded else "UNSUBSCRIBE"
         self._lock = threading.Lock()
         self._channels: dict[bytes, Channel] = {}
         self._conn: Any = None
@@ -701,7 +713,7 @@ class PubSubManager:
         # waiter, which makes it free the lock instead of granting it).
         names = (ch.name,) if ch.grant is None else (ch.name, ch.grant)
         try:
-            self._conn.send_command("SUBSCRIBE", *names, check_health=False)
+            self._conn.send_command(self._sub, *names, check_health=False)  # one slot
         except Exception:
             self._connected = False
             self._conn.disconnect()
@@ -719,7 +731,7 @@ class PubSubManager:
         if not self._connected:
             return
         try:
-            self._conn.send_command("SUBSCRIBE", ch.grant, check_health=False)
+            self._conn.send_command(self._sub, ch.grant, check_health=False)
         except Exception:
             self._connected = False
             self._conn.disconnect()
@@ -757,7 +769,7 @@ class PubSubManager:
                     ch.grant_want = 1
                     names.append(ch.grant)
             if names:
-                self._conn.send_command("SUBSCRIBE", *names, check_health=False)
+                self._send(self._sub, names)
                 for name in names:
                     self._sent[name] = 1
             self._connected = True
@@ -802,6 +814,18 @@ class PubSubManager:
                 time.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
 
+    def _send(self, command: str, names: list[bytes]) -> None:
+        """(UN)SUBSCRIBE ``names``: one command, or one per slot for sharded channels (a
+        sharded command may only name channels of one slot)."""
+        if not self._sharded:
+            self._conn.send_command(command, *names, check_health=False)
+            return
+        by_slot: dict[int, list[bytes]] = {}
+        for name in names:
+            by_slot.setdefault(key_slot(name), []).append(name)
+        for group in by_slot.values():
+            self._conn.send_command(command, *group, check_health=False)
+
     def _dispatch(self, reply: Any) -> None:
         self._last_io = time.monotonic()
         self._ping_at = 0.0
@@ -810,6 +834,8 @@ class PubSubManager:
         kind = reply[0]
         if isinstance(kind, str):
             kind = kind.encode()
+        if self._sharded:  # smessage, ssubscribe, sunsubscribe: handled as their classic kin
+            kind = _SHARDED_KINDS.get(kind, kind)
         name = reply[1]
         if isinstance(name, str):
             name = name.encode()
@@ -838,6 +864,13 @@ class PubSubManager:
                   and self._acked.get(name, 0) >= self._sent.get(name, 0)):
                 self._acked.pop(name, None)
                 self._sent.pop(name, None)
+            elif kind == b"unsubscribe" and self._sharded and name in self._channels:
+                # The server dropped a channel we still want: its slot moved to another node.
+                # The waiters attempt again (their lock follows the slot) and meanwhile sleep
+                # no longer than their bound.
+                ch = self._channels[name]
+                ch.confirmed.clear()
+                ch.wake_all()
         if grant is not None:
             self.granted(*grant)
 
@@ -893,7 +926,7 @@ class PubSubManager:
                     names.append(ch.grant)
             try:
                 if idle:
-                    self._conn.send_command("UNSUBSCRIBE", *names, check_health=False)
+                    self._send(self._unsub, names)
                     self._last_io = now
                 elif self._channels and not self._ping_at and now - self._last_io >= _PING_AFTER:
                     self._conn.send_command("PING", check_health=False)

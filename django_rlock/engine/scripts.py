@@ -23,7 +23,7 @@ from redis.exceptions import (
     TryAgainError,
 )
 
-from .clients import cluster_of, node_at, node_client, refresh
+from .clients import cluster_of, node_at, node_client, refresh, sharded
 from .naming import DIRECT_TOKEN_MARK, WAKE_CHANNEL_PREFIX
 
 # The index (``naming.index_key``): one hash per prefix, field = lock key, value =
@@ -245,16 +245,36 @@ return n
 
 
 class Script:
-    """A Lua source with its SHA1, computed locally so no SCRIPT LOAD round trip is needed."""
+    """A Lua source with its SHA1, computed locally so no SCRIPT LOAD round trip is needed.
 
-    __slots__ = ("source", "sha")
+    ``sharded``: the same script for a server whose lock channels are shard channels
+    (``clients.sharded``): SPUBLISH and PUBSUB SHARDNUMSUB on them. A wake line's channel is
+    named by owner, in no slot: it stays a classic PUBLISH (which a cluster broadcasts).
+    """
+
+    __slots__ = ("source", "sha", "_sharded")
 
     def __init__(self, source: str) -> None:
         self.source = source
         self.sha = hashlib.sha1(source.encode()).hexdigest()
+        self._sharded: Script | None = None
 
     def __repr__(self) -> str:
         return f"Script({self.sha[:8]})"
+
+    @property
+    def sharded(self) -> Script:
+        if self._sharded is None:
+            wake = "redis.call('publish', '" + WAKE_CHANNEL_PREFIX
+            src = (self.source.replace("redis.call('publish', ", "redis.call('spublish', ")
+                   .replace("redis.call('spublish', '" + WAKE_CHANNEL_PREFIX, wake)
+                   .replace("'pubsub', 'numsub'", "'pubsub', 'shardnumsub'"))
+            self._sharded = self if src == self.source else Script(src)
+        return self._sharded
+
+    def on(self, client: Any) -> Script:
+        """The variant to send on ``client``'s server."""
+        return self.sharded if sharded(client) else self
 
 
 ACQUIRE_SCRIPT = Script(ACQUIRE)
@@ -308,6 +328,7 @@ def _call_on(conn: Any, script: Script, keys: tuple[Any, ...], args: tuple[Any, 
 
 def _call_once(client: Any, script: Script, keys: tuple[Any, ...], args: tuple[Any, ...],
                wait: tuple[int, int] | None = None, asking: bool = False) -> Any:
+    script = script.on(client)
     conn = getattr(client, "connection", None)
     if conn is not None:  # single_connection_client=True
         with client.single_connection_lock:
@@ -386,11 +407,12 @@ def _redirected(cluster: Any, exc: Exception, script: Script, keys: tuple[Any, .
 def call(client: Any, script: Script, keys: tuple[Any, ...], args: tuple[Any, ...]) -> Any:
     """Run an idempotent script through the client's normal path (its retry policy applies);
     on a cluster node, follow its slot as ``call_once`` does."""
+    sent = script.on(client)
     try:
         try:
-            return client.evalsha(script.sha, len(keys), *keys, *args)
+            return client.evalsha(sent.sha, len(keys), *keys, *args)
         except NoScriptError:
-            return client.eval(script.source, len(keys), *keys, *args)
+            return client.eval(sent.source, len(keys), *keys, *args)
     except _NOT_RUN as exc:
         cluster = cluster_of(client)
         if cluster is None:

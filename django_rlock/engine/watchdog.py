@@ -462,6 +462,7 @@ class Watchdog:
                   wait: tuple[int, int] | None = None) -> list[Any]:
         """Run each (script, keys, args) in one pipeline, then ``WAIT`` if given (its reply
         last); loads the scripts after a SCRIPT FLUSH."""
+        calls = [(script.on(client), keys, args) for script, keys, args in calls]
         for attempt in (0, 1):
             pipe = client.pipeline(transaction=False)
             for script, keys, args in calls:
