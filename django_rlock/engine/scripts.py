@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Callable
 from typing import Any
 
 from redis.exceptions import (
@@ -370,8 +371,16 @@ def call_once(client: Any, script: Script, keys: tuple[Any, ...], args: tuple[An
     slot is now; a connection lost after the send is still raised (the script may have run),
     but the slot map is refreshed for the next call.
     """
+    return _following(client, script, keys, args, wait,
+                      lambda: _call_once(client, script, keys, args, wait))
+
+
+def _following(client: Any, script: Script, keys: tuple[Any, ...], args: tuple[Any, ...],
+               wait: tuple[int, int] | None, send: Callable[[], Any]) -> Any:
+    """``send()``; on a cluster node, send again where the slot is now if the server said
+    nothing ran, and refresh the slot map after a lost connection."""
     try:
-        return _call_once(client, script, keys, args, wait)
+        return send()
     except (*_NOT_RUN, _NotSent) as exc:
         cluster = cluster_of(client)
         if cluster is None:
@@ -408,21 +417,14 @@ def call(client: Any, script: Script, keys: tuple[Any, ...], args: tuple[Any, ..
     """Run an idempotent script through the client's normal path (its retry policy applies);
     on a cluster node, follow its slot as ``call_once`` does."""
     sent = script.on(client)
-    try:
+
+    def send() -> Any:
         try:
             return client.evalsha(sent.sha, len(keys), *keys, *args)
         except NoScriptError:
             return client.eval(sent.source, len(keys), *keys, *args)
-    except _NOT_RUN as exc:
-        cluster = cluster_of(client)
-        if cluster is None:
-            raise
-        return _redirected(cluster, exc, script, keys, args, None)
-    except (ConnectionError, TimeoutError) as exc:
-        cluster = cluster_of(client)
-        if cluster is not None:
-            refresh(cluster, exc)
-        raise
+
+    return _following(client, script, keys, args, None, send)
 
 
 async def _asend_once(conn: Any, args: tuple[Any, ...], wait: tuple[int, int] | None = None) -> Any:
