@@ -16,9 +16,10 @@ from types import TracebackType
 from typing import Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import events, identity, replicas, waiting
-from .clients import sync_twin
+from .clients import SlotBound, async_twin, refresh, sync_twin
 from .errors import LockNotOwnedError
 from .lock import HoldKey, LockBase, log_masked_release, ttl_seconds
 from .naming import UNLOCK_MESSAGE
@@ -44,14 +45,26 @@ class AsyncRLock(LockBase):
     made from ``client``'s settings when omitted.
     """
 
+    _CLUSTER = True
+    _AIO = True
+
     def __init__(self, client: Any, name: str, prefix: str = "", watchdog_timeout: float = 30.0,
                  *, on_lost: Callable[[str], Any] | None = None, sync_client: Any = None,
                  label: str | None = None, sync_replicas: int | str | None = "auto",
                  sync_timeout: float = 1.0) -> None:
         super().__init__(client, name, prefix, watchdog_timeout, on_lost, label, sync_replicas,
                          sync_timeout)
-        self._sync_client = sync_client if sync_client is not None else sync_twin(client)
+        if self._cluster is not None:  # the slot master's sync client (``SlotBound._bind``)
+            self._sync_client = self._node
+        else:
+            self._sync_client = sync_client if sync_client is not None else sync_twin(client)
         self._server = server_id(self._sync_client)
+
+    @property
+    def _client(self) -> Any:
+        # On a cluster: the asyncio twin (for the running loop) of the slot master's client.
+        node = SlotBound._client.fget(self)  # type: ignore[attr-defined]
+        return node if self._cluster is None else async_twin(node)
 
     def _owner(self) -> str:
         return identity.task_owner()
@@ -119,7 +132,12 @@ class AsyncRLock(LockBase):
     async def _target(self) -> tuple[int, tuple[int, int] | None]:
         if self.sync_replicas is None:
             return 0, None
-        n = await replicas.aconnected(self._client, self._server) or 0
+        try:
+            n = await replicas.aconnected(self._client, self._server) or 0
+        except (RedisConnectionError, RedisTimeoutError) as exc:
+            if self._cluster is not None:  # its master died: find the new one next time
+                refresh(self._cluster, exc)
+            raise
         return n, self._sync_target(n)
 
     async def _send_acquire(self, k: HoldKey, args: tuple[Any, ...], connected: int,
@@ -279,17 +297,17 @@ class AsyncRLock(LockBase):
 
     # -- inspecting -----------------------------------------------------------------------
     async def is_locked(self) -> bool:
-        return bool(await self._client.exists(self.key))
+        return bool(await self._reader.exists(self.key))
 
     async def is_held_by_current_task(self) -> bool:
-        return bool(await self._client.hexists(self.key, self._field()))
+        return bool(await self._reader.hexists(self.key, self._field()))
 
     async def hold_count(self) -> int:
-        return int(await self._client.hget(self.key, self._field()) or 0)
+        return int(await self._reader.hget(self.key, self._field()) or 0)
 
     async def remaining_ttl(self) -> float | None:
         """Seconds left on the lease; None when not locked, ``inf`` for a key without expiry."""
-        return ttl_seconds(await self._client.pttl(self.key))
+        return ttl_seconds(await self._reader.pttl(self.key))
 
     # -- context manager ------------------------------------------------------------------
     async def __aenter__(self) -> AsyncRLock:

@@ -29,6 +29,9 @@ _PORTABLE = frozenset({
 })
 
 _sync_twins: weakref.WeakKeyDictionary[Any, redis.Redis] = weakref.WeakKeyDictionary()
+_sync_clusters: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+#: The pool of each asyncio twin -> the sync client it was made from (``cluster_of``).
+_async_origins: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 _async_twins: weakref.WeakKeyDictionary[Any, dict[Any, redis.asyncio.Redis]] = (
     weakref.WeakKeyDictionary())
 
@@ -54,10 +57,16 @@ def is_cluster_node(client: Any) -> bool:
 
 
 def cluster_of(client: Any) -> Any | None:
-    """The cluster client a node client was resolved from (None: not a cluster node)."""
+    """The cluster client a node client was resolved from (None: not a cluster node); for the
+    asyncio twin of a node client (an asyncio lock on a cluster), that node's."""
     pool = getattr(client, "connection_pool", None)
-    ref = _node_pools.get(pool) if pool is not None else None
-    return ref() if ref is not None else None
+    if pool is None:
+        return None
+    ref = _node_pools.get(pool)
+    if ref is None:
+        origin = _async_origins.get(pool)
+        return None if origin is None else cluster_of(origin)
+    return ref()
 
 
 #: Pools of cluster nodes whose server has sharded pub/sub (Redis 7+, Valkey).
@@ -83,7 +92,29 @@ def _own(cluster: Any, node: Any) -> redis.Redis:
 
 def sharded(client: Any) -> bool:
     """Lock channels on ``client``'s server are shard channels (SSUBSCRIBE, SPUBLISH)."""
-    return SHARDED and getattr(client, "connection_pool", None) in _sharded_pools
+    if not SHARDED:
+        return False
+    pool = getattr(client, "connection_pool", None)
+    if pool in _sharded_pools:
+        return True
+    origin = _async_origins.get(pool) if pool is not None else None
+    return origin is not None and origin.connection_pool in _sharded_pools
+
+
+def sync_cluster(client: Any) -> Any:
+    """A sync ``RedisCluster`` for an asyncio one (same startup nodes and settings; cached):
+    its slot map and node clients serve the threads (watchdog, subscriptions) and the
+    asyncio lock's per-node clients (``async_twin`` of each)."""
+    twin = _sync_clusters.get(client)
+    if twin is None:
+        import redis.cluster
+
+        kwargs = {k: v for k, v in getattr(client, "connection_kwargs", {}).items()
+                  if k in _PORTABLE and k not in ("host", "port", "path")}
+        nodes = [redis.cluster.ClusterNode(n.host, n.port)
+                 for n in client.nodes_manager.startup_nodes.values()]
+        twin = _sync_clusters[client] = redis.cluster.RedisCluster(startup_nodes=nodes, **kwargs)
+    return twin
 
 
 def node_client(cluster: Any, key: str | bytes) -> redis.Redis:
@@ -144,24 +175,27 @@ def refresh(cluster: Any, exc: BaseException | None) -> None:
             _generations[cluster] = _generations.get(cluster, 0) + 1
 
 
-def check_client(client: Any, what: str, cluster_ok: bool = False) -> None:
+def check_client(client: Any, what: str, cluster_ok: bool = False, aio: bool = False) -> None:
     """A clear TypeError, before any command, for a client the engine cannot use.
 
     ``what`` names the lock in the message (``"lock 'x'"``); ``cluster_ok``: this kind runs on
-    a sync ``RedisCluster`` (issue #10). A cluster client is named as such: it is a redis-py
-    client, only not one of a single server.
+    a ``RedisCluster`` (issue #10), an asyncio one if ``aio``. A cluster client is named as
+    such: it is a redis-py client, only not one of a single server.
     """
     if hasattr(client, "connection_pool"):
         return
     if is_cluster(client):
-        if cluster_ok and not isinstance(client, redis.asyncio.RedisCluster):
+        is_aio = isinstance(client, redis.asyncio.RedisCluster)
+        if cluster_ok and is_aio == aio:
             return
-        kind = "an asyncio Redis Cluster" if isinstance(client, redis.asyncio.RedisCluster) else (
-            "a Redis Cluster")
+        kind = "an asyncio Redis Cluster" if is_aio else "a Redis Cluster"
+        if cluster_ok:
+            want = "an asyncio" if aio else "a sync"
+            raise TypeError(f"{type(client).__name__} is {kind} client; this kind ({what}) "
+                            f"takes {want} RedisCluster")
         raise TypeError(
             f"{type(client).__name__} is {kind} client, which this kind does not support yet "
-            f"({what}): on a cluster use the sync kinds with a sync RedisCluster, or a client "
-            f"of a standalone or Sentinel-managed Redis")
+            f"({what}): use a client of a standalone or Sentinel-managed Redis")
     raise TypeError(f"client must be a redis-py client, not {type(client).__name__} ({what})")
 
 
@@ -203,6 +237,8 @@ def async_twin(client: Any) -> redis.asyncio.Redis:
         kwargs = _twin_kwargs(pool, redis.asyncio.connection)
         twin = redis.asyncio.Redis(connection_pool=redis.asyncio.ConnectionPool(**kwargs))
         per_loop[loop] = twin
+        if pool in _node_pools:  # a cluster node's: its redirections follow that cluster
+            _async_origins[twin.connection_pool] = client
     return twin
 
 
@@ -212,14 +248,19 @@ class SlotBound:
     was refreshed since (a redirection, a failover); elsewhere it sends on its client."""
 
     _cluster: Any = None
+    _user_cluster: Any = None
     _gen = 0
     _node: Any
     _sync_client: Any
     key: str
 
     def _bind(self, client: Any) -> Any:
-        """The client to send on for ``self.key`` (call once, with ``key`` set)."""
+        """The client to send on for ``self.key`` (call once, with ``key`` set). For an asyncio
+        cluster client: the sync node client, whose asyncio twin the lock sends on."""
         if is_cluster(client):
+            self._user_cluster = client
+            if isinstance(client, redis.asyncio.RedisCluster):
+                client = sync_cluster(client)
             self._cluster = client
             self._gen = generation(client)
             client = node_client(client, self.key)
@@ -234,8 +275,8 @@ class SlotBound:
 
     @property
     def _reader(self) -> Any:
-        # Plain reads: on a cluster its own client, which follows MOVED and ASK by itself.
-        return self._client if self._cluster is None else self._cluster
+        # Plain reads: on a cluster the caller's cluster client, which follows MOVED and ASK.
+        return self._client if self._cluster is None else self._user_cluster
 
     def _fresh(self) -> None:
         if self._cluster is not None and self._gen != generation(self._cluster):

@@ -205,7 +205,7 @@ class AsyncFencedLock(_Fenced, AsyncRLock):
 
     async def get_token(self) -> int | None:
         """The last token handed out for this lock, by anyone (None: never acquired)."""
-        value = await self._client.get(self.token_key)
+        value = await self._reader.get(self.token_key)
         return None if value is None else int(value)
 
     async def __aenter__(self) -> AsyncFencedLock:

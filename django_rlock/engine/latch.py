@@ -116,13 +116,13 @@ class AsyncCountDownLatch(_LatchBase):
         await acall_once(self._client, LATCH_COUNT_DOWN_SCRIPT, self._keys, ())
 
     async def get_count(self) -> int:
-        return int(await self._client.get(self.key) or 0)
+        return int(await self._reader.get(self.key) or 0)
 
     async def wait(self, timeout: float | None = None) -> bool:
         budget = self._budget(timeout, "timeout")
 
         async def attempt() -> int | None:
-            return self._open(await self._client.get(self.key))
+            return self._open(await self._reader.get(self.key))
 
         return await self._awaits(attempt, budget)
 

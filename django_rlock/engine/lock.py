@@ -110,8 +110,9 @@ class LockBase(SlotBound):
     _RECHECK: float | None = None
     #: Renewal and end-of-owner release of this kind's holds (None: the lock's own).
     _hold_kind: HoldKind | None = None
-    #: Runs on a sync ``RedisCluster`` (on the node of its key's slot).
+    #: Runs on a ``RedisCluster`` (on the node of its key's slot); an asyncio one if ``_AIO``.
     _CLUSTER = False
+    _AIO = False
 
     def __init__(self, client: Any, name: str, prefix: str, watchdog_timeout: float,
                  on_lost: Callable[[str], Any] | None, label: str | None = None,
@@ -128,7 +129,7 @@ class LockBase(SlotBound):
                             f"(lock {name!r})")
         if not isinstance(prefix, str):
             raise TypeError(f"prefix must be a str, not {type(prefix).__name__} (lock {name!r})")
-        check_client(client, f"lock {name!r}", cluster_ok=self._CLUSTER)
+        check_client(client, f"lock {name!r}", cluster_ok=self._CLUSTER, aio=self._AIO)
         wt = check_seconds(watchdog_timeout, "watchdog_timeout", name, zero_ok=False)
         if on_lost is not None and not callable(on_lost):
             raise TypeError(f"on_lost must be callable (lock {name!r})")

@@ -378,7 +378,7 @@ class AsyncReadLock(_ReadKind, AsyncRLock):
         self._rw_setup()
 
     async def is_locked(self) -> bool:
-        pipe = self._client.pipeline(transaction=False)
+        pipe = self._reader.pipeline(transaction=False)
         pipe.hget(self.key, "mode")
         pipe.hlen(self.key)
         mode, fields = await pipe.execute()
@@ -393,7 +393,7 @@ class AsyncWriteLock(_WriteKind, AsyncRLock):
         self._rw_setup()
 
     async def is_locked(self) -> bool:
-        return await self._client.hget(self.key, "mode") == b"write"
+        return await self._reader.hget(self.key, "mode") == b"write"
 
 
 class AsyncReadWriteLock:

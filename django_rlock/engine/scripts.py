@@ -8,6 +8,7 @@ release it produces a false "not owner" (#4871). A failure here propagates uncha
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import time
 from collections.abc import Callable
@@ -24,7 +25,7 @@ from redis.exceptions import (
     TryAgainError,
 )
 
-from .clients import cluster_of, node_at, node_client, refresh, sharded
+from .clients import async_twin, cluster_of, node_at, node_client, refresh, sharded
 from .naming import DIRECT_TOKEN_MARK, WAKE_CHANNEL_PREFIX
 
 # The index (``naming.index_key``): one hash per prefix, field = lock key, value =
@@ -393,19 +394,26 @@ def _following(client: Any, script: Script, keys: tuple[Any, ...], args: tuple[A
         raise
 
 
+def _retarget(cluster: Any, exc: Exception, keys: tuple[Any, ...]) -> tuple[Any, bool]:
+    """Where to send again after ``exc`` (a reply that says nothing ran): the slot's master
+    now (refreshing the map), or for ASK the migration's target; and whether to ASK."""
+    if isinstance(exc, AskError) and not isinstance(exc, MovedError):
+        return node_at(cluster, exc.host, exc.port), True  # the slot migrates; keys are there
+    refresh(cluster, exc)  # MOVED; TRYAGAIN, CLUSTERDOWN, its master unreachable (failover)
+    return node_client(cluster, keys[0]), False
+
+
+def _pause(exc: Exception) -> bool:
+    """Wait before sending again: not after a redirection, which names where to go now."""
+    return not isinstance(exc, AskError)
+
+
 def _redirected(cluster: Any, exc: Exception, script: Script, keys: tuple[Any, ...],
                 args: tuple[Any, ...], wait: tuple[int, int] | None) -> Any:
     for pause in REDIRECT_BACKOFF:
-        asking = False
-        if isinstance(exc, MovedError):
-            refresh(cluster, exc)
-            target = node_client(cluster, keys[0])
-        elif isinstance(exc, AskError):  # the slot is migrating and the keys are there already
-            target, asking = node_at(cluster, exc.host, exc.port), True
-        else:  # TRYAGAIN, CLUSTERDOWN, or its master unreachable (a failover under way)
+        if _pause(exc):
             time.sleep(pause)
-            refresh(cluster, exc)
-            target = node_client(cluster, keys[0])
+        target, asking = _retarget(cluster, exc, keys)
         try:
             return _call_once(target, script, keys, args, wait, asking)
         except (*_NOT_RUN, _NotSent) as again:
@@ -449,31 +457,72 @@ async def _asend_once(conn: Any, args: tuple[Any, ...], wait: tuple[int, int] | 
 
 
 async def _acall_on(conn: Any, script: Script, keys: tuple[Any, ...], args: tuple[Any, ...],
-                    wait: tuple[int, int] | None = None) -> Any:
+                    wait: tuple[int, int] | None = None, asking: bool = False) -> Any:
     try:
+        if asking:
+            await _asend_once(conn, ("ASKING",))
         out = await _asend_once(conn, ("EVALSHA", script.sha, len(keys), *keys, *args), wait)
         if wait is not None and isinstance(out[0], NoScriptError):
             raise out[0]
     except NoScriptError:
+        if asking:
+            await _asend_once(conn, ("ASKING",))
         out = await _asend_once(conn, ("EVAL", script.source, len(keys), *keys, *args), wait)
     if wait is not None and isinstance(out[0], ResponseError):
         raise out[0]
     return out
 
 
-async def acall_once(client: Any, script: Script, keys: tuple[Any, ...], args: tuple[Any, ...],
-                     wait: tuple[int, int] | None = None) -> Any:
-    """``call_once`` for a ``redis.asyncio`` client."""
+async def _acall_once(client: Any, script: Script, keys: tuple[Any, ...], args: tuple[Any, ...],
+                      wait: tuple[int, int] | None = None, asking: bool = False) -> Any:
+    script = script.on(client)
     conn = getattr(client, "connection", None)
     if conn is not None:  # single_connection_client=True
         async with client._single_conn_lock:
-            return await _acall_on(conn, script, keys, args, wait)
+            return await _acall_on(conn, script, keys, args, wait, asking)
     pool = client.connection_pool
-    conn = await pool.get_connection()
     try:
-        return await _acall_on(conn, script, keys, args, wait)
+        conn = await pool.get_connection()
+    except (ConnectionError, TimeoutError) as exc:
+        if cluster_of(client) is None:
+            raise
+        raise _NotSent(exc) from exc
+    try:
+        return await _acall_on(conn, script, keys, args, wait, asking)
     finally:
         await pool.release(conn)
+
+
+async def acall_once(client: Any, script: Script, keys: tuple[Any, ...], args: tuple[Any, ...],
+                     wait: tuple[int, int] | None = None) -> Any:
+    """``call_once`` for a ``redis.asyncio`` client (an asyncio lock on a cluster sends on the
+    asyncio twin of its slot master's client, and follows the slot the same way)."""
+    try:
+        return await _acall_once(client, script, keys, args, wait)
+    except (*_NOT_RUN, _NotSent) as exc:
+        cluster = cluster_of(client)
+        if cluster is None:
+            raise
+        return await _aredirected(cluster, exc, script, keys, args, wait)
+    except (ConnectionError, TimeoutError) as exc:
+        cluster = cluster_of(client)
+        if cluster is not None:
+            refresh(cluster, exc)
+        raise
+
+
+async def _aredirected(cluster: Any, exc: Exception, script: Script, keys: tuple[Any, ...],
+                       args: tuple[Any, ...], wait: tuple[int, int] | None) -> Any:
+    """``_redirected`` on the asyncio twins of the node clients (a refresh blocks briefly)."""
+    for pause in REDIRECT_BACKOFF:
+        if _pause(exc):
+            await asyncio.sleep(pause)
+        target, asking = _retarget(cluster, exc, keys)
+        try:
+            return await _acall_once(async_twin(target), script, keys, args, wait, asking)
+        except (*_NOT_RUN, _NotSent) as again:
+            exc = again
+    raise exc.args[0] if isinstance(exc, _NotSent) else exc
 
 
 # Enqueue de-duplication marks: a hash in lock layout whose one field is "<task id>:0", so the

@@ -33,7 +33,7 @@ from types import TracebackType
 from typing import Any
 
 from . import pubsub, waiting
-from .clients import SlotBound, check_client, is_cluster_node, sync_twin
+from .clients import SlotBound, async_twin, check_client, is_cluster_node, sync_twin
 from .errors import LockNotOwnedError
 from .lock import check_name, check_seconds
 from .naming import SEMAPHORE_CHANNEL_PREFIX, index_key, prefix_name, suffix_name
@@ -267,16 +267,19 @@ class _Named(SlotBound):
                             f"({self._WHAT} {name!r})")
         for c in (client, sync_client):
             if c is not None:
-                check_client(c, f"{self._WHAT} {name!r}", cluster_ok=c is client and not aio)
+                check_client(c, f"{self._WHAT} {name!r}", cluster_ok=c is client, aio=aio)
         if client is None:
             raise TypeError(f"client must be a redis-py client, not NoneType "
                             f"({self._WHAT} {name!r})")
         self.name = name
         self.prefix = prefix
         self.key = prefix + name
-        client = self._bind(client)  # on a cluster: its slot's master
+        self._aio = aio
+        client = self._bind(client)  # on a cluster: its slot's master (a sync client)
         self._index = index_key(prefix, self.key if is_cluster_node(client) else None)
-        if sync_client is None:
+        if self._cluster is not None:
+            sync_client = client
+        elif sync_client is None:
             sync_client = sync_twin(client) if aio else client
         self._sync_client = sync_client
         self._server = server_id(sync_client)
@@ -288,6 +291,13 @@ class _Named(SlotBound):
     @property
     def client(self) -> Any:
         return self._client
+
+    @property
+    def _client(self) -> Any:
+        # An asyncio one on a cluster: the asyncio twin (for the running loop) of the slot
+        # master's client.
+        node = SlotBound._client.fget(self)  # type: ignore[attr-defined]
+        return async_twin(node) if self._aio and self._cluster is not None else node
 
     @property
     def channel(self) -> str:
@@ -494,7 +504,7 @@ class AsyncSemaphore(_SemaphoreBase):
             await asyncio.shield(acall_once(self._client, SEM_RELEASE_SCRIPT, self._keys, (n,)))
 
     async def available_permits(self) -> int:
-        return int(await self._client.get(self.key) or 0)
+        return int(await self._reader.get(self.key) or 0)
 
     async def drain_permits(self) -> int:
         return int(await acall_once(self._client, SEM_DRAIN_SCRIPT, (self.key,), ()))
