@@ -93,3 +93,29 @@ def test_cluster_without_a_node_url_is_e003(settings: Any):
     settings.RLOCK = {"CLUSTER": "yes", "REDIS_URL": "redis://127.0.0.1:1/0"}
     errors = [m for m in check_settings() if m.id == "django_rlock.E003"]
     assert len(errors) == 1 and "CLUSTER" in errors[0].msg
+
+
+@pytest.mark.django_db
+def test_the_admin_lists_shows_and_force_unlocks_on_the_cluster(on_cluster: ClusterTopology,
+                                                                 admin_client: Any):
+    from django.urls import reverse
+
+    names = _names_over_every_master(on_cluster, "dj:")[:6]
+    locks = [get_lock(n) for n in names]
+    for lock in locks:
+        lock.lock()
+    try:
+        page = admin_client.get(reverse("admin:django_rlock_lock_changelist")).content.decode()
+        assert all(n in page for n in names)
+        victim = names[-1]
+        detail = admin_client.get(reverse("admin:django_rlock_lock_detail", args=[victim]))
+        assert detail.status_code == 200 and victim in detail.content.decode()
+        done = admin_client.post(reverse("admin:django_rlock_lock_force_unlock", args=[victim]),
+                                 follow=True)
+        assert f"Force-unlocked &#x27;{victim}&#x27;." in done.content.decode()
+        assert not get_lock(victim).is_locked()
+        assert all(get_lock(n).is_locked() for n in names[:-1])
+    finally:
+        for lock in locks:
+            if lock.is_held_by_current_thread():
+                lock.unlock()
