@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -277,6 +278,17 @@ class SlotBound:
     def _reader(self) -> Any:
         # Plain reads: on a cluster the caller's cluster client, which follows MOVED and ASK.
         return self._client if self._cluster is None else self._user_cluster
+
+    def _moved_check(self) -> Callable[[], bool] | None:
+        """For a wait starting now: a check that the slot has left the node it subscribes on."""
+        if self._cluster is None:
+            return None
+        node = self._node
+
+        def moved() -> bool:
+            self._fresh()
+            return self._node is not node
+        return moved
 
     def _fresh(self) -> None:
         if self._cluster is not None and self._gen != generation(self._cluster):

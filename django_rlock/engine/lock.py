@@ -342,14 +342,15 @@ class LockBase(SlotBound):
         self._fresh()  # on a cluster, an attempt redirected: subscribe where the slot is now
         if not self._HANDOFF:
             return waiting.Wait(self._sync_client, self._wait_channel(k[2]), self.key,
-                                wakes=self._WAKES, recheck=self._RECHECK)
+                                wakes=self._WAKES, recheck=self._RECHECK,
+                                moved=self._moved_check())
         return waiting.Wait(self._sync_client, self._channel, self.key, owner=k[2],
                             lease_ms=self._watchdog_ms if lease_ms is None else lease_ms,
                             on_grant=self._grant_callback(k, lease_ms, t0),
                             info=self._info(k[2]), grant=self._grant_channel,
                             token=None if token is None else token.encode(),
                             registered=registered, grant_ms=self._grant_ms(lease_ms),
-                            line=line)
+                            line=line, moved=self._moved_check())
 
     # -- release bookkeeping --------------------------------------------------------------
     def _release_plan(self, k: HoldKey) -> _Release:

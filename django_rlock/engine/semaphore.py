@@ -325,7 +325,7 @@ class _Named(SlotBound):
     def _wait(self) -> waiting.Wait:
         self._fresh()  # on a cluster, an attempt redirected: subscribe where the slot is now
         return waiting.Wait(self._sync_client, self._channel, self.key, wakes=self._WAKES,
-                            recheck=self._RECHECK)
+                            recheck=self._RECHECK, moved=self._moved_check())
 
     def _bound(self, ttl: int) -> int:
         """A wait bound in ms from Redis, capped so a lost message costs ``RECHECK`` at most."""

@@ -37,18 +37,31 @@ def park_timeout(ttl: int, deadline: float | None, recheck: float | None = None)
     return None if timeout is None else min(timeout, threading.TIMEOUT_MAX)
 
 
+#: Longest park of a wait whose lock's slot moved to another node since it subscribed (a
+#: cluster resharding or failover): its subscription is on the old node and hears nothing.
+MOVED_RECHECK = 0.2
+
+
+def _park_for(w: Wait, ttl: int, deadline: float | None) -> float | None:
+    timeout = park_timeout(ttl, deadline, w.recheck)
+    if w.moved is not None and w.moved():
+        timeout = MOVED_RECHECK if timeout is None else min(timeout, MOVED_RECHECK)
+    return timeout
+
+
 class Wait:
     """What one wait is about: the channel and, for a hand-off, who waits."""
 
     __slots__ = ("client", "channel", "key", "owner", "lease_ms", "on_grant", "info", "wakes",
-                 "recheck", "grant", "token", "registered", "grant_ms", "line")
+                 "recheck", "grant", "token", "registered", "grant_ms", "line", "moved")
 
     def __init__(self, client: Any, channel: bytes, key: str, *, owner: str = "",
                  lease_ms: int = 0, on_grant: Callable[[int | None], None] | None = None,
                  info: str = "", wakes: pubsub.WakePolicy | None = None,
                  recheck: float | None = None, grant: bytes | None = None,
                  token: bytes | None = None, registered: bool = False,
-                 grant_ms: int = 0, line: Any = None) -> None:
+                 grant_ms: int = 0, line: Any = None,
+                 moved: Callable[[], bool] | None = None) -> None:
         self.client = client  # the sync client whose server's subscription is used
         self.channel = channel
         self.key = key
@@ -66,6 +79,8 @@ class Wait:
         self.registered = registered
         self.grant_ms = grant_ms
         self.line = line  # the thread's own wake line, if ``token`` names it
+        #: On a cluster: has the lock's slot moved to another node since (``SlotBound``)?
+        self.moved = moved
 
     def enter(self, mgr: pubsub.PubSubManager, loop: Any = None) -> pubsub.Slot:
         return mgr.enter(self.channel, self.owner, self.lease_ms, self.on_grant, loop, self.key,
@@ -110,7 +125,7 @@ def wait(w: Wait, attempt: Callable[[bool], int | None], budget: float | None,
             elif deadline is not None and time.monotonic() >= deadline:
                 break
             else:
-                acquired = slot.park(park_timeout(ttl, deadline, w.recheck))
+                acquired = slot.park(_park_for(w, ttl, deadline))
         return acquired
     finally:
         granted = slot.leave()
@@ -162,7 +177,7 @@ async def await_(w: Wait, attempt: Callable[[bool], Awaitable[int | None]],
             elif deadline is not None and time.monotonic() >= deadline:
                 break
             else:
-                acquired = await slot.apark(park_timeout(ttl, deadline, w.recheck))
+                acquired = await slot.apark(_park_for(w, ttl, deadline))
         return acquired
     finally:
         granted = await slot.aleave()

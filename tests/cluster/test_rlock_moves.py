@@ -7,13 +7,18 @@ silently: while its holder believes it holds the lock, nobody else gets it.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from django_rlock import RLock
 from tests.cluster_topology import ClusterTopology
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _field_on(cluster: ClusterTopology, server, lock: RLock) -> bool:
@@ -72,6 +77,45 @@ def test_a_held_lock_follows_its_slot_to_another_master(cluster: ClusterTopology
     contender.join(5)
     assert contender.overlaps == 0
     assert RLock(rc, name).client.connection_pool.connection_kwargs["port"] == dst.port
+
+
+_WAITER = """
+import sys, time
+from redis.cluster import ClusterNode, RedisCluster
+from django_rlock import RLock
+rc = RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", int(p)) for p in sys.argv[1].split(",")])
+lock = RLock(rc, sys.argv[2])
+print("waiting", flush=True)
+lock.lock()
+print("got", flush=True)
+lock.unlock()
+"""
+
+
+def test_a_waiter_follows_its_lock_to_another_master(cluster: ClusterTopology):
+    """A waiter in another process subscribed on the old master: after the move (which, with
+    sharded pub/sub, drops its subscription) it re-checks every ``MOVED_RECHECK`` instead of
+    sleeping out the holder's 30 s lease, so the release on the new master reaches it."""
+    name = "moving-waiter"
+    holder = RLock(cluster.client(), name)  # 30 s: only a release can end the wait in time
+    holder.lock()
+    ports = ",".join(str(m.port) for m in cluster.masters())
+    proc = subprocess.Popen([sys.executable, "-c", _WAITER, ports, name], cwd=ROOT,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "waiting"
+        time.sleep(1.0)  # parked on the old master's subscription
+        slot, src = cluster.keyslot(name), cluster.node_for_key(name)
+        dst = next(m for m in cluster.masters() if m is not src)
+        cluster.migrate_slot(slot, src, dst)
+        time.sleep(0.5)
+        holder.unlock()
+        t0 = time.monotonic()
+        out = proc.communicate(timeout=20)[0]
+        assert "got" in out and time.monotonic() - t0 < 5, "slept past the release"
+    finally:
+        proc.kill()
+    assert not holder.is_locked()
 
 
 def test_a_release_during_a_migration_completes_when_it_ends(cluster: ClusterTopology):
