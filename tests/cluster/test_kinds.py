@@ -15,8 +15,10 @@ from django_rlock import (
     CountDownLatch,
     FairLock,
     FencedLock,
+    MultiLock,
     PermitExpirableSemaphore,
     ReadWriteLock,
+    RLock,
     Semaphore,
 )
 from django_rlock.engine.listing import Locks
@@ -196,3 +198,28 @@ def test_a_latch_opens_for_its_waiter_on_a_cluster(cluster: ClusterTopology):
     assert opened.wait(5)
     t.join(5)
     assert latch.get_count() == 0
+
+
+def test_a_multilock_over_keys_on_every_master(cluster: ClusterTopology):
+    """Redisson's MultiLock use on a cluster: all of several keys (here on different masters)
+    or none; renewed on each member's own master."""
+    rc = cluster.client()
+    names = ["multi-a", "multi-b", "multi-c", "multi-d", "multi-e", "multi-f"]
+    assert len({cluster.node_for_key(n).port for n in names}) >= 2
+    multi = MultiLock(*[RLock(rc, n, watchdog_timeout=1.5) for n in names])
+    multi.lock()
+    try:
+        time.sleep(2.0)  # past a 1.5 s lease: every member renewed on its master
+        assert all(RLock(rc, n).is_locked() for n in names)
+        blocked = [False]
+
+        def other() -> None:  # one member free, the others held: the whole is refused
+            blocked[0] = not MultiLock(RLock(rc, "multi-free"), RLock(rc, names[0])).try_lock()
+
+        t = threading.Thread(target=other)
+        t.start()
+        t.join(10)
+        assert blocked == [True] and not RLock(rc, "multi-free").is_locked()
+    finally:
+        multi.unlock()
+    assert not any(RLock(rc, n).is_locked() for n in names)
