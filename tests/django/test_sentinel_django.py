@@ -19,6 +19,7 @@ from django.core.cache import caches
 from django_rlock import LockNotSyncedError, RLock, get_lock
 from django_rlock.connection import get_client
 from django_rlock.engine import pubsub
+from django_rlock.engine.naming import handoff_queue
 from tests.django.conftest import write_lock
 from tests.topology import SentinelTopology
 
@@ -119,6 +120,9 @@ def test_renewal_and_waiters_follow_a_failover(settings, holders):
         acquired = waiter.submit(wait_for_other)
         name = pubsub.subscriber_name(0)
         _until(lambda: name in [c["name"] for c in master.client_list()], what="subscribed")
+        # In line, so parked: its first attempt is done (one sent as the master dies would
+        # fail with a connection error, which is not what this test is about).
+        _until(lambda: master.llen(handoff_queue(other.key)) >= 1, what="the waiter in line")
 
         topo.kill(old)
         master.close()
