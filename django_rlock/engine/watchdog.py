@@ -301,8 +301,7 @@ class Watchdog:
                     if h.renew:
                         if h.due - h.slack <= now:
                             if h.thread is not None and not h.thread.is_alive():
-                                dead.append(h)
-                                drop.append(k)
+                                dead.append(h)  # dropped when its release is handed out
                                 continue
                             due.append(h)
                             h.due = now + h.period
@@ -326,35 +325,40 @@ class Watchdog:
                     self._wakeup.wait(None if next_at == float("inf") else max(0.0, next_at - now))
                     self._wake_at = 0.0
                     continue
-            if dead:
-                self._release_dead(dead)
-            if due:
-                self._renew(due)
+            self._renew(due, dead)
 
-    def _renew(self, holds: list[Hold]) -> None:
-        """Hand each server's renewals to a pool thread and return at once: a server that is
-        down (a client's connect retries and timeouts) must never delay the sweeps of the
-        others past their lease. A server whose last renewal is still in flight is tried
-        again a second later."""
-        by_server: dict[tuple[Any, ...], list[Hold]] = {}
-        for h in holds:  # by the server renewals go to (on a cluster: the slot's master now)
-            by_server.setdefault(server_id(h.client), []).append(h)
-        for server, group in by_server.items():
+    def _renew(self, holds: list[Hold], ended: list[Hold]) -> None:
+        """Hand each server's renewals, and its releases of ended threads' holds, to a pool
+        thread and return at once: a server that is down (a client's connect retries and
+        timeouts: seconds) must never delay the sweeps of the others past their lease. A
+        server whose last batch is still in flight is tried again a second later."""
+        by_server: dict[tuple[Any, ...], tuple[list[Hold], list[Hold]]] = {}
+        for i, part in enumerate((holds, ended)):
+            for h in part:  # by the server they go to (on a cluster: the slot's master now)
+                by_server.setdefault(server_id(h.client), ([], []))[i].append(h)
+        for server, (group, dead) in by_server.items():
             with self._lock:
                 if server in self._inflight:  # soon, and well inside every lease
                     now = time.monotonic()
-                    for h in group:
+                    for h in group + dead:
                         h.due = min(h.due, now + min(1.0, h.period / 4) + h.period / 2)
                     continue
                 self._inflight.add(server)
+                for h in dead:
+                    if self._holds.get(k := (h.server, h.key, h.owner)) is h:
+                        del self._holds[k]
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(max_workers=8,
                                                     thread_name_prefix="django-rlock-renew")
-            self._pool.submit(self._renew_server, server, group)
+            self._pool.submit(self._renew_server, server, group, dead)
 
-    def _renew_server(self, server: tuple[Any, ...], group: list[Hold]) -> None:
+    def _renew_server(self, server: tuple[Any, ...], group: list[Hold],
+                      dead: list[Hold]) -> None:
         try:
-            self._renew_group(group)
+            if group:
+                self._renew_group(group)
+            if dead:
+                self._release_dead(dead)
         finally:
             with self._lock:
                 self._inflight.discard(server)

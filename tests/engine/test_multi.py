@@ -189,6 +189,32 @@ def test_a_dead_server_never_delays_renewals_on_the_others(servers):
     assert doomed.is_lost()
 
 
+def test_a_dead_thread_s_lock_on_a_dead_server_never_delays_renewals_on_the_others(servers):
+    """The release of an ended thread's hold goes to its server like a renewal does: beside
+    the others, not on the sweep. CI saw the sweep wait out redis-py's retries (seconds) on a
+    server a failed test had left dead, and a 1 s lease elsewhere in the process expired."""
+    import threading
+
+    kept = RLock(servers[1].client(), "b", watchdog_timeout=1.5)
+    kept.lock()
+    held, end = threading.Event(), threading.Event()
+
+    def owner() -> None:  # a live thread while the server dies, then ended holding the lock
+        RLock(servers[0].client(), "a", watchdog_timeout=1.5).lock()  # default client retries
+        held.set()
+        end.wait()
+
+    t = threading.Thread(target=owner)
+    t.start()
+    assert held.wait(10)
+    kill(servers[0])
+    end.set()
+    t.join()
+    time.sleep(4)  # the sweep finds the ended thread; its release costs seconds of retries
+    assert servers[1].client().exists("b") and not kept.is_lost()
+    kept.unlock()
+
+
 def test_async_multilock_takes_its_members_concurrently_as_the_calling_task(servers):
     import asyncio
 
