@@ -102,7 +102,8 @@ def machine(server: RedisServer) -> list[tuple[str, str]]:
 
 def method_notes(plan: Plan, counted: bool, server: RedisServer) -> list[str]:
     return [
-        ("(A) each library in each round, in rotated order, after 500 warm-up pairs; a pair is "
+        ("(A) every library in each round, taking turns in blocks of 50 pairs (rotated order; "
+         "each on its own client), after 500 warm-up pairs; a pair is "
         "`lock()` + `unlock()` (redis-py `acquire()`/`release()`), timed with "
         "`time.perf_counter_ns`. The floor is two `EVALSHA` of `return 1` through the same "
         "redis-py client. Ratios are taken within a round; the table shows medians of rounds."),

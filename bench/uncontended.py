@@ -1,8 +1,8 @@
 """(A) Uncontended lock+unlock pairs, against the floor of two EVALSHA round trips.
 
-Every library runs in every round, in a rotated order, so that machine noise (another job
-on a 2-core box) lands on all of them alike; the ratio to the floor is taken within a round
-and the median over rounds is reported.
+Every library runs in every round, the libraries taking turns in blocks of 50 pairs (rotated
+order), so that machine noise (another job on a 2-core box) lands on all of them alike; the
+ratio to the floor is taken within a round and the median over rounds is reported.
 """
 
 from __future__ import annotations
@@ -47,44 +47,55 @@ class LibResult:
         return median(self.ratios)
 
 
-def _measure(server: RedisServer, lib: str, name: str, seconds: float, max_pairs: int,
-             warmup: int) -> RoundResult:
-    client = server.client()
-    try:
-        a = make_adapter(lib, client, name, wait_s=None)
-        acquire, release = a.acquire, a.release
-        for _ in range(warmup):
-            acquire()
-            release()
-        gc.collect()
-        lat: list[int] = []
-        now = time.perf_counter_ns
-        t0 = now()
-        end = t0 + int(seconds * 1e9)
-        t = t0
-        while len(lat) < max_pairs and t < end:
-            s = now()
-            acquire()
-            release()
-            t = now()
-            lat.append(t - s)
-        elapsed = (t - t0) / 1e9
-        lat.sort()
-        return RoundResult(len(lat), len(lat) / elapsed, percentile(lat, 50) / 1e3,
-                           percentile(lat, 99) / 1e3)
-    finally:
-        client.close()
+#: Pairs per library before the next one takes over (interleaved rounds; see ``run``).
+BLOCK = 50
 
 
 def run(server: RedisServer, libs: list[str], rounds: int, seconds: float, max_pairs: int = 1_000_000,
         warmup: int = 500) -> dict[str, LibResult]:
-    """``libs`` must include FLOOR. ``seconds`` per library per round."""
+    """``libs`` must include FLOOR. ``seconds`` per library per round.
+
+    Within a round the libraries take turns in blocks of ``BLOCK`` pairs (rotated order), so
+    they sample the same moments of the host: on a shared 2-core VM the floor's own p50 moved
+    from 134 to 509 us between two back-to-back runs, and a library measured alone for its 2 s
+    caught whichever phase it fell in."""
     results = {lib: LibResult(lib) for lib in libs}
     for r in range(rounds):
         order = libs[r % len(libs):] + libs[:r % len(libs)]
+        clients = {lib: server.client() for lib in order}
+        try:
+            calls = {}
+            for lib in order:
+                a = make_adapter(lib, clients[lib], f"bench:a:{r}:{lib}", wait_s=None)
+                for _ in range(warmup):
+                    a.acquire()
+                    a.release()
+                calls[lib] = (a.acquire, a.release)
+            lat: dict[str, list[int]] = {lib: [] for lib in order}
+            spent = dict.fromkeys(order, 0)
+            gc.collect()
+            now = time.perf_counter_ns
+            end = now() + int(seconds * len(order) * 1e9)
+            while now() < end and min(len(v) for v in lat.values()) < max_pairs:
+                for lib in order:
+                    acquire, release = calls[lib]
+                    out = lat[lib]
+                    b0 = t = now()
+                    for _ in range(BLOCK):
+                        s = t
+                        acquire()
+                        release()
+                        t = now()
+                        out.append(t - s)
+                    spent[lib] += t - b0
+        finally:
+            for c in clients.values():
+                c.close()
         this_round: dict[str, RoundResult] = {}
         for lib in order:
-            this_round[lib] = _measure(server, lib, f"bench:a:{r}:{lib}", seconds, max_pairs, warmup)
+            ls = sorted(lat[lib])
+            this_round[lib] = RoundResult(len(ls), len(ls) / (spent[lib] / 1e9),
+                                          percentile(ls, 50) / 1e3, percentile(ls, 99) / 1e3)
         floor = this_round[FLOOR].p50_us
         for lib, res in this_round.items():
             results[lib].rounds.append(res)
