@@ -93,7 +93,7 @@ def _own(cluster: Any, node: Any) -> redis.Redis:
 
 def sharded(client: Any) -> bool:
     """Lock channels on ``client``'s server are shard channels (SSUBSCRIBE, SPUBLISH)."""
-    if not SHARDED:
+    if not SHARDED or not _sharded_pools:  # no cluster node seen: every lock's hot path
         return False
     pool = getattr(client, "connection_pool", None)
     if pool in _sharded_pools:

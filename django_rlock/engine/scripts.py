@@ -372,16 +372,16 @@ def call_once(client: Any, script: Script, keys: tuple[Any, ...], args: tuple[An
     slot is now; a connection lost after the send is still raised (the script may have run),
     but the slot map is refreshed for the next call.
     """
-    return _following(client, script, keys, args, wait,
-                      lambda: _call_once(client, script, keys, args, wait))
+    return _following(client, script, keys, args, wait)
 
 
 def _following(client: Any, script: Script, keys: tuple[Any, ...], args: tuple[Any, ...],
-               wait: tuple[int, int] | None, send: Callable[[], Any]) -> Any:
-    """``send()``; on a cluster node, send again where the slot is now if the server said
-    nothing ran, and refresh the slot map after a lost connection."""
+               wait: tuple[int, int] | None, send: Callable[[], Any] | None = None) -> Any:
+    """``send()`` (default: ``_call_once``, on the hot path without a closure); on a cluster
+    node, send again where the slot is now if the server said nothing ran, and refresh the
+    slot map after a lost connection."""
     try:
-        return send()
+        return send() if send is not None else _call_once(client, script, keys, args, wait)
     except (*_NOT_RUN, _NotSent) as exc:
         cluster = cluster_of(client)
         if cluster is None:

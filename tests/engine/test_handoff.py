@@ -350,3 +350,29 @@ def test_with_a_foreign_waiter_releases_alternate_between_freeing_and_granting(r
     assert heard == [True, False, True]
     threads[3].call(locks[3].unlock)
     foreign.close()
+
+
+def test_first_attempts_register_only_on_locks_this_process_found_held(r, redis_server, holders):
+    """An uncontended acquire sends the plain acquire (two keys, no wait token: the hot path);
+    once this process has found the lock held, every first attempt on it carries the
+    registration (so a contended lock keeps its one-attempt hand-off)."""
+    name = f"first-attempt-{os.getpid()}-{time.monotonic_ns()}"  # unseen by this process
+    lock = RLock(r, name)
+
+    def first_attempt_keys() -> int:
+        """How many keys the acquire's EVALSHA named, seen by MONITOR."""
+        with redis_server.client().monitor() as m:
+            lock.lock()
+            lock.unlock()
+            while True:
+                cmd = m.next_command()["command"].split()
+                if cmd[0] == "EVALSHA" and name in cmd[3].strip('"'):
+                    return int(cmd[2])
+
+    assert first_attempt_keys() == 2  # the lock and the index
+    holder = holders()
+    holder.call(RLock(r, name).lock)
+    assert holders().call(lambda: RLock(r, name).try_lock(wait_time=0.2)) is False
+    holder.call(RLock(r, name).unlock)
+    assert not r.exists(handoff_waiters(name))  # the waiter withdrew
+    assert first_attempt_keys() == 4  # lock, index, queue, waiters
