@@ -376,3 +376,43 @@ def test_first_attempts_register_only_on_locks_this_process_found_held(r, redis_
     holder.call(RLock(r, name).unlock)
     assert not r.exists(handoff_waiters(name))  # the waiter withdrew
     assert first_attempt_keys() == 4  # lock, index, queue, waiters
+
+
+def test_async_first_attempts_register_only_on_locks_this_process_found_held(r, redis_server):
+    name = f"afirst-attempt-{os.getpid()}-{time.monotonic_ns()}"
+
+    async def main() -> list[int]:
+        ar = aredis.Redis(unix_socket_path=redis_server.socket)
+        lock = AsyncRLock(ar, name)
+        seen: list[int] = []
+
+        async def first_attempt_keys() -> None:
+            with redis_server.client().monitor() as m:
+                await lock.lock()
+                await lock.unlock()
+                while True:
+                    cmd = m.next_command()["command"].split()
+                    if cmd[0] == "EVALSHA" and name in cmd[3].strip('"'):
+                        seen.append(int(cmd[2]))
+                        return
+
+        await first_attempt_keys()
+        holding, done = asyncio.Event(), asyncio.Event()
+
+        async def holder() -> None:  # another task: another owner
+            await AsyncRLock(ar, name).lock()
+            holding.set()
+            await done.wait()
+            await AsyncRLock(ar, name).unlock()
+
+        task = asyncio.create_task(holder())
+        await holding.wait()
+        assert await AsyncRLock(ar, name).try_lock(wait_time=0.2) is False
+        done.set()
+        await task
+        assert not r.exists(handoff_waiters(name))  # the waiter withdrew
+        await first_attempt_keys()
+        await ar.aclose()
+        return seen
+
+    assert asyncio.run(main()) == [2, 4]  # plain (lock, index); then with the queue keys
