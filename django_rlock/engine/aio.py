@@ -21,7 +21,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from . import events, identity, replicas, waiting
 from .clients import SlotBound, async_twin, refresh, sync_twin
 from .errors import LockNotOwnedError
-from .lock import HoldKey, LockBase, _contended, _note_contended, log_masked_release, ttl_seconds
+from .lock import HoldKey, LockBase, log_masked_release, ttl_seconds
 from .naming import UNLOCK_MESSAGE
 from .scripts import (
     RELEASE_SCRIPT,
@@ -209,10 +209,7 @@ class AsyncRLock(LockBase):
         k = (self._server, self.key, self._field())
         park_until = self._park_first_until(k, wait)
         deadline = None if wait is None else t0 + wait
-        handoff = self._HANDOFF and wait != 0
-        # As RLock's: the plain acquire first on a lock this process never found held.
-        token = (self._new_token(k[2]) if handoff and (park_until or (k[0], k[1]) in _contended)
-                 else None)
+        token = self._new_token(k[2]) if self._registers(k, wait, park_until) else None
         registered = False
         if not park_until:
             heard = token is not None and self._grants_heard()
@@ -228,8 +225,8 @@ class AsyncRLock(LockBase):
             if wait == 0:
                 return False
             registered = token is not None
-            if handoff and token is None:
-                _note_contended(k[0], k[1])
+            if token is None and self._HANDOFF:
+                self._found_held(k)
                 token = self._new_token(k[2])
             if heard:
                 # In line now, and a grant to us will be heard: sleep until it comes (or the

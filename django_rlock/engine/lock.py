@@ -59,18 +59,10 @@ REGISTRATION_SLACK_MS = 5000
 
 _wait_serials = itertools.count(1)
 
-#: Locks (server, key) this process has found held by another owner. Only their first attempts
-#: carry the hand-off registration (3 more keys, 5 more args, a wait token and a wake-line
-#: lookup: about 30 us of client CPU per pair); elsewhere a first attempt is the plain acquire
-#: and a lock found held costs one more round trip, once per key. Cleared when full: a hint.
+#: Locks (server, key) this process has found held by another owner (``LockBase._registers``).
+#: Cleared when full: a hint.
 _contended: dict[tuple[Any, str], None] = {}
 _CONTENDED_MAX = 10_000
-
-
-def _note_contended(server: Any, key: str) -> None:
-    if len(_contended) >= _CONTENDED_MAX:
-        _contended.clear()
-    _contended[(server, key)] = None
 
 HoldKey = tuple[Any, str, str]
 
@@ -327,6 +319,20 @@ class LockBase(SlotBound):
     def _grant_callback(self, k: HoldKey, lease_ms: int | None,
                         t0: float) -> Callable[[int | None], None]:
         return lambda grant_ms=None: self._acquired(k, lease_ms, t0, grant_ms=grant_ms)
+
+    def _registers(self, k: HoldKey, wait: float | None, park_until: float) -> bool:
+        """Whether a wait's first attempt carries the hand-off registration (a token, 3 more
+        keys, 5 more args, a wake-line lookup: about 30 us of client CPU per pair). Only on a
+        lock this process has found held; elsewhere it is the plain acquire, and a lock found
+        held costs one more attempt, once per key (``_found_held``)."""
+        return (self._HANDOFF and wait != 0
+                and bool(park_until or (k[0], k[1]) in _contended))
+
+    @staticmethod
+    def _found_held(k: HoldKey) -> None:
+        if len(_contended) >= _CONTENDED_MAX:
+            _contended.clear()
+        _contended[(k[0], k[1])] = None
 
     def _park_first_until(self, k: HoldKey, wait: float | None) -> float:
         """0.0 to attempt at once; else the time to park until before the first attempt.
@@ -620,8 +626,7 @@ class RLock(LockBase):
         park_until = self._park_first_until(k, wait)
         deadline = None if wait is None else t0 + wait
         token = line = None
-        handoff = self._HANDOFF and wait != 0
-        if handoff and (park_until or (k[0], k[1]) in _contended):
+        if self._registers(k, wait, park_until):
             line = wakeline.line_for(self._sync_client, k[2])
             token = self._new_token(k[2], line is not None)
         registered = False
@@ -634,10 +639,10 @@ class RLock(LockBase):
             if wait == 0:
                 return False
             registered = token is not None
-            if handoff and token is None:
+            if token is None and self._HANDOFF:
                 # Held, and unregistered: get in line with the wait's first attempt (and with
                 # every first attempt on this lock from now on).
-                _note_contended(k[0], k[1])
+                self._found_held(k)
                 line = wakeline.line_for(self._sync_client, k[2])
                 token = self._new_token(k[2], line is not None)
             if heard:

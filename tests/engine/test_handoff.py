@@ -352,6 +352,14 @@ def test_with_a_foreign_waiter_releases_alternate_between_freeing_and_granting(r
     foreign.close()
 
 
+def _acquire_keys_seen(m, name: str) -> int:
+    """How many keys the first EVALSHA on ``name`` that MONITOR ``m`` saw named."""
+    while True:
+        cmd = m.next_command()["command"].split()
+        if cmd[0] == "EVALSHA" and name in cmd[3].strip('"'):
+            return int(cmd[2])
+
+
 def test_first_attempts_register_only_on_locks_this_process_found_held(r, redis_server, holders):
     """An uncontended acquire sends the plain acquire (two keys, no wait token: the hot path);
     once this process has found the lock held, every first attempt on it carries the
@@ -360,14 +368,10 @@ def test_first_attempts_register_only_on_locks_this_process_found_held(r, redis_
     lock = RLock(r, name)
 
     def first_attempt_keys() -> int:
-        """How many keys the acquire's EVALSHA named, seen by MONITOR."""
         with redis_server.client().monitor() as m:
             lock.lock()
             lock.unlock()
-            while True:
-                cmd = m.next_command()["command"].split()
-                if cmd[0] == "EVALSHA" and name in cmd[3].strip('"'):
-                    return int(cmd[2])
+            return _acquire_keys_seen(m, name)
 
     assert first_attempt_keys() == 2  # the lock and the index
     holder = holders()
@@ -390,11 +394,7 @@ def test_async_first_attempts_register_only_on_locks_this_process_found_held(r, 
             with redis_server.client().monitor() as m:
                 await lock.lock()
                 await lock.unlock()
-                while True:
-                    cmd = m.next_command()["command"].split()
-                    if cmd[0] == "EVALSHA" and name in cmd[3].strip('"'):
-                        seen.append(int(cmd[2]))
-                        return
+                seen.append(_acquire_keys_seen(m, name))
 
         await first_attempt_keys()
         holding, done = asyncio.Event(), asyncio.Event()
