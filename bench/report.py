@@ -291,12 +291,15 @@ def observations(res: Results) -> list[str]:
     if res.a is not None and RLOCK in res.a:
         ra, fl = res.a[RLOCK], res.a[FLOOR]
         diff = ra.p50_us - fl.p50_us
-        why = ("its Python bookkeeping (owner string, hold registry, pub/sub and yield checks) "
-               "costs more than it saves by sending each script straight on a pooled connection"
+        why = ("its scripts' server time and its Python bookkeeping (owner string, hold "
+               "registry, pub/sub and yield checks) cost more than it saves by sending each "
+               "script on the thread's own connection, past the pool checkout that the floor's "
+               "`client.evalsha` pays"
                if diff >= 0 else
-               "sending each script straight on a pooled connection, past redis-py's generic "
-               "command path that the floor's `client.evalsha` takes, saves more than its "
-               "Python bookkeeping (owner string, hold registry, pub/sub and yield checks) costs")
+               "sending each script on the thread's own connection, past the pool checkout "
+               "and redis-py's generic command path that the floor's `client.evalsha` takes, "
+               "saves more than its scripts' server time and its Python bookkeeping (owner "
+               "string, hold registry, pub/sub and yield checks) cost")
         notes.append(f"A: a django-rlock pair is two EVALSHA, like the floor, and costs "
                      f"{num(abs(diff), 1)} us {'more' if diff >= 0 else 'less'} at p50 "
                      f"({num(ra.ratio)}x): {why}.")

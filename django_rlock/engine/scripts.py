@@ -25,7 +25,15 @@ from redis.exceptions import (
     TryAgainError,
 )
 
-from .clients import async_twin, cluster_of, node_at, node_client, refresh, sharded
+from .clients import (
+    async_twin,
+    cluster_of,
+    node_at,
+    node_client,
+    own_connection,
+    refresh,
+    sharded,
+)
 from .naming import DIRECT_TOKEN_MARK, WAKE_CHANNEL_PREFIX
 
 # The index (``naming.index_key``): one hash per prefix, field = lock key, value =
@@ -336,6 +344,21 @@ def _call_once(client: Any, script: Script, keys: tuple[Any, ...], args: tuple[A
         with client.single_connection_lock:
             return _call_on(conn, script, keys, args, wait, asking)
     pool = client.connection_pool
+    own = own_connection(pool)
+    if own is not None and not own.busy:
+        conn = own.take(pool)
+        own.busy = True
+        try:
+            try:
+                conn.connect()
+            except (ConnectionError, TimeoutError) as exc:
+                if cluster_of(client) is None:
+                    raise
+                raise _NotSent(exc) from exc
+            return _call_on(conn, script, keys, args, wait, asking)
+        finally:
+            own.busy = False
+            own.used = time.monotonic()
     try:
         conn = pool.get_connection()
     except (ConnectionError, TimeoutError) as exc:
