@@ -122,10 +122,12 @@ if ARGV[8] and ARGV[8] ~= '' and redis.call('hget', KEYS[5], '=' .. ARGV[1]) ~= 
   redis.call('hdel', KEYS[5], ARGV[8])
   return nil
 end
-if redis.call('hexists', KEYS[1], ARGV[1]) == 0 then
+local count = tonumber(redis.call('hget', KEYS[1], ARGV[1]))
+if not count then
   return nil
 end
-if redis.call('hincrby', KEYS[1], ARGV[1], -1) > 0 then
+if count > 1 then
+  redis.call('hincrby', KEYS[1], ARGV[1], -1)
   redis.call('pexpire', KEYS[1], ARGV[2])
   return 0
 end
@@ -134,10 +136,11 @@ local function outsiders()
   local subs = redis.call('pubsub', 'numsub', KEYS[2], KEYS[6])
   return subs[2] > subs[4]
 end
-if KEYS[6] then
+local queued = KEYS[6] and redis.call('exists', KEYS[5]) == 1
+if queued then
   redis.call('hdel', KEYS[5], '=' .. ARGV[1])
 end
-if KEYS[6] and redis.call('llen', KEYS[4]) > 0 then
+if queued and redis.call('llen', KEYS[4]) > 0 then
   foreign = outsiders()
   local grant = not foreign
   if foreign then
