@@ -135,6 +135,7 @@ class WakeLine:
         hold and sets ``pending``); grants for earlier tokens of this thread are stale (their
         waits withdrew them) and dropped."""
         end = None if timeout is None else time.monotonic() + timeout
+        ready = False  # poll just saw the line readable: read without polling it again
         while True:
             if waiter.pending:
                 waiter.pending = False
@@ -146,10 +147,13 @@ class WakeLine:
             if sock is not None:
                 try:
                     # (can_read also sees a reply the parser has buffered already.)
-                    while self.conn.can_read(timeout=0):
+                    while ready or self.conn.can_read(timeout=0):
+                        ready = False
                         self._message(self.conn.read_response(disconnect_on_error=True,
                                                               push_request=True),
                                       waiter, deliver)
+                        if waiter.pending:
+                            break  # the grant: anything behind it is read at the next park
                 except Exception as exc:
                     self._broken(exc)
                     continue
@@ -172,8 +176,11 @@ class WakeLine:
             except OSError as exc:
                 self._broken(exc)
                 continue
-            if any(fd == self._rfd for fd, _ in events):
-                self._drain(ready=True)
+            for fd, _ in events:
+                if fd == self._rfd:
+                    self._drain(ready=True)
+                else:
+                    ready = True
 
     def _message(self, reply: Any, waiter: Any, deliver: Callable[[bytes], Any]) -> None:
         if not isinstance(reply, list) or len(reply) < 3:
