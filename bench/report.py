@@ -28,7 +28,8 @@ B_MAX_CLIENT_CMDS = 3.5
 BP_MAX_WAIT_MS = 100.0
 BP_MAX_CLIENT_CMDS = 2.5
 BP_SHARE = (0.8, 1.2)
-# A foreign (Redisson-style) waiter beside django-rlock's: neither starved nor starving.
+# A foreign (Redisson-style) waiter beside django-rlock's: neither starved nor starving. The band
+# is ours (the issue asks for no starvation either way, not for equal shares).
 F_SHARE = (0.5, 2.0)
 W_MAX_ROUND_TRIPS = 100.0
 
@@ -265,9 +266,12 @@ def f_observations(f: foreign.FResult) -> list[str]:
         + "; ".join(f"{d} {num(percentile(g, 50), 3)} ms" for d, g in _f_directions(f)) + "."]
     lo, hi = f.rlock_spread
     if f.foreign_share > F_SHARE[1]:
-        notes.append(f"F: MISS: the {FOREIGN} is starving django-rlock's processes: it took "
-                     f"{num(f.foreign_share)} times as many acquisitions as each of them on "
-                     f"average.")
+        notes.append(f"F: MISS (a band of ours, not the issue's): the {FOREIGN} took "
+                     f"{num(f.foreign_share)} times as many acquisitions as each django-rlock "
+                     f"process on average, mostly straight back after its own release "
+                     f"(Redisson's lock is not fair); each of ours still got the lock "
+                     f"{min(f.acquisitions(p) for p in rl):,} times or more, with a worst wait "
+                     f"of {num(f.max_wait_ms(rl), 1)} ms.")
     if f.foreign_share < F_SHARE[0]:
         notes.append(f"F: MISS: the {FOREIGN} is starved: it took {num(f.foreign_share)} times "
                      f"as many acquisitions as each django-rlock process on average.")
