@@ -320,7 +320,6 @@ OWN_IDLE_CHECK = 0.1
 #: redis-py 8's default ``max_connections`` (it was 2**31 before).
 _DEFAULT_CAP = 100
 _OWN_ATTR = "_django_rlock_own"
-_fork_generation = 0
 
 
 class OwnConnection(threading.local):
@@ -328,19 +327,21 @@ class OwnConnection(threading.local):
     local goes, the connection's finalizer disconnects); a forked child makes its own."""
 
     conn: Any = None
-    generation = -1
+    #: The process uuid it was made under (``identity`` makes a new one in a forked child).
+    process = ""
     used = 0.0
     #: In use by this thread: a send from a signal handler or finalizer that runs meanwhile
     #: would read the pending reply; it goes through the pool instead.
     busy = False
 
     def take(self, pool: Any) -> Any:
+        """The connection, connected (a connection error is raised: nothing was sent)."""
         conn = self.conn
-        if conn is None or self.generation != _fork_generation:
+        if conn is None or self.process != identity.process_id():
             # The parent's connection is left alone: redis-py never shuts a socket down
             # from another pid, so dropping it only closes this process's descriptor.
             conn = self.conn = pool.connection_class(**pool.connection_kwargs)
-            self.generation = _fork_generation
+            self.process = identity.process_id()
         elif time.monotonic() - self.used > OWN_IDLE_CHECK:
             try:
                 stale = conn.can_read()  # EOF (closed by the server) or bytes nobody read
@@ -348,6 +349,7 @@ class OwnConnection(threading.local):
                 stale = True
             if stale:
                 conn.disconnect()  # nothing was sent: the script goes out on a fresh one
+        conn.connect()
         return conn
 
 
@@ -363,11 +365,3 @@ def own_connection(pool: Any) -> OwnConnection | None:
         own = OwnConnection() if ok else False
         setattr(pool, _OWN_ATTR, own)
     return own or None
-
-
-def _after_fork() -> None:
-    global _fork_generation
-    _fork_generation += 1
-
-
-identity.on_fork(_after_fork)

@@ -348,30 +348,25 @@ def _call_once(client: Any, script: Script, keys: tuple[Any, ...], args: tuple[A
             return _call_on(conn, script, keys, args, wait, asking)
     pool = client.connection_pool
     own = own_connection(pool)
-    if own is not None and not own.busy:
-        conn = own.take(pool)
-        own.busy = True
-        try:
-            try:
-                conn.connect()
-            except (ConnectionError, TimeoutError) as exc:
-                if cluster_of(client) is None:
-                    raise
-                raise _NotSent(exc) from exc
-            return _call_on(conn, script, keys, args, wait, asking)
-        finally:
-            own.busy = False
-            own.used = time.monotonic()
+    if own is not None and own.busy:
+        own = None  # this thread's connection awaits a reply: borrow one from the pool
     try:
-        conn = pool.get_connection()
+        conn = pool.get_connection() if own is None else own.take(pool)
     except (ConnectionError, TimeoutError) as exc:
         if cluster_of(client) is None:
             raise
         raise _NotSent(exc) from exc  # on a cluster node: maybe its slot has a new master
+    if own is None:
+        try:
+            return _call_on(conn, script, keys, args, wait, asking)
+        finally:
+            pool.release(conn)
+    own.busy = True
     try:
         return _call_on(conn, script, keys, args, wait, asking)
     finally:
-        pool.release(conn)
+        own.busy = False
+        own.used = time.monotonic()
 
 
 class _NotSent(Exception):
