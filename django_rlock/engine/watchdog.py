@@ -179,15 +179,20 @@ class Watchdog:
                  watchdog_timeout: float, on_lost: LostCallback | None, *,
                  thread: threading.Thread | None = None, label: str | None = None,
                  scripts_keys: tuple[Any, ...] = (), kind: HoldKind | None = None,
-                 grant_ms: int | None = None) -> Hold:
+                 grant_ms: int | None = None, since: float | None = None) -> Hold:
         """Record a successful acquire, before the result is handed back to the caller.
 
         ``thread``: the owner thread, watched so its hold is released if it ends holding.
         ``kind``: how a lock kind other than RLock renews and ends its holds.
         ``grant_ms``: a release of another owner granted it with this (short) lease: the first
         renewal comes early (halfway through it), before a crashed heir could cost more.
+        ``since``: the earliest moment the lease Redis set can have started (the send time of
+        the round trip that set it; for a grant, the start of the wait it ends). Leases are
+        counted from there, never from when the reply was read: a process frozen between the
+        two must not believe in time it does not have (invariant 31).
         """
         now = time.monotonic()
+        base = now if since is None else min(since, now)
         with self._lock:
             hold = self._holds.get(k)
             if hold is None or hold.lost or (not hold.renew and now >= hold.expires_at):
@@ -207,28 +212,51 @@ class Watchdog:
             if renew and not hold.renew:
                 hold.renew = True
                 hold.period = watchdog_timeout / 3.0
-                hold.due = now + hold.period
+                hold.due = base + hold.period
                 hold.slack = hold.period / 2
             # The lease a partial release re-applies: a renewed hold stays in watchdog mode.
             hold.lease_ms = int(hold.period * 3000) if hold.renew else lease_ms
             if not hold.renew:
-                hold.expires_at = now + lease_ms / 1000.0
+                # A grant's own lease starts when it is read (its top-up sets the rest); its
+                # validity is still counted from ``base`` below.
+                hold.expires_at = (now if grant_ms is not None else base) + lease_ms / 1000.0
                 hold.due = hold.expires_at + 1.0
             if grant_ms is not None and grant_ms < hold.lease_ms and hold.count == 1:
                 # Renewed between a third and a half of the way through the grant lease: never
                 # at once (a short hold is released long before, and costs nothing more).
                 if not hold.renew:
                     hold.top_up_ms = 1  # the rest of its own lease, worked out when due
-                hold.due = now + grant_ms / 2000.0
+                hold.due = base + grant_ms / 2000.0
                 hold.slack = grant_ms / 6000.0
-                hold.valid_until = now + grant_ms / 1000.0
+                hold.valid_until = base + grant_ms / 1000.0
             else:
-                hold.valid_until = max(hold.valid_until, now + hold.lease_ms / 1000.0)
+                hold.valid_until = max(hold.valid_until, base + hold.lease_ms / 1000.0)
             if self._thread is None:
                 self._start()
             elif hold.due < self._wake_at:
                 self._wakeup.notify()
             return hold
+
+    def confirmed(self, k: HoldKey, hold: Hold, sent: float, lease_ms: int) -> None:
+        """A round trip sent at ``sent`` found ``hold`` still ours and set ``lease_ms`` on it
+        (a grant checked before its wait returned): its lease counts from there."""
+        with self._lock:
+            if self._holds.get(k) is not hold:
+                return
+            hold.top_up_ms = 0
+            hold.valid_until = max(hold.valid_until, sent + lease_ms / 1000.0)
+            if hold.renew:
+                hold.due = max(hold.due, sent + hold.period)
+                hold.slack = hold.period / 2
+
+    def discard(self, k: HoldKey, hold: Hold) -> bool:
+        """Drop a hold booked for a grant that Redis no longer has (it ran out while its heir
+        could not run): never held as far as its owner is told. False if it was gone."""
+        with self._lock:
+            if self._holds.get(k) is not hold:
+                return False
+            del self._holds[k]
+            return True
 
     def released(self, k: HoldKey, hold: Hold | None, fully: bool) -> None:
         """Record a release; ``fully`` drops the hold (and its renewal) whatever the count."""
