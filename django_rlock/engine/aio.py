@@ -72,8 +72,9 @@ class AsyncRLock(LockBase):
     _info = staticmethod(identity.task_info)
 
     def _acquired(self, k: HoldKey, lease_ms: int | None, t0: float, thread: Any = None,
-                  grant_ms: int | None = None, task: Any = None) -> Any:
-        hold = super()._acquired(k, lease_ms, t0, grant_ms=grant_ms)
+                  grant_ms: int | None = None, since: float | None = None,
+                  task: Any = None) -> Any:
+        hold = super()._acquired(k, lease_ms, t0, grant_ms=grant_ms, since=since)
         if task is None:
             task = identity.acting_task()
         if hold.count == 1 and task is not None:
@@ -81,10 +82,12 @@ class AsyncRLock(LockBase):
         return hold
 
     def _grant_callback(self, k: HoldKey, lease_ms: int | None,
-                        t0: float) -> Callable[[int | None], None]:
-        # A grant runs on the releasing thread or task: watch the waiter's own task.
+                        t0: float) -> Callable[..., Any]:
+        # A grant runs on the releasing thread or task: watch the waiter's own task. It was
+        # made after the wait began, at the earliest (invariant 31).
         task = identity.acting_task()
-        return lambda grant_ms=None: self._acquired(k, lease_ms, t0, grant_ms=grant_ms, task=task)
+        return lambda grant_ms=None, since=None: self._acquired(
+            k, lease_ms, t0, grant_ms=grant_ms, since=t0 if since is None else since, task=task)
 
     def _task_done(self, k: HoldKey, hold: Any) -> None:
         """Its owner task finished while still holding: nobody can ever release it as that
@@ -115,9 +118,11 @@ class AsyncRLock(LockBase):
         args = self._acquire_args(k, lease_ms, claim)
         keys = self._acquire_keys
         if reg is not None:
-            args = args[:3] + self._register_args(reg[0], reg[1], self._grant_ms(lease_ms), claim)
+            args = args[:4] + self._register_args(reg[0], reg[1], self._grant_ms(lease_ms))
             keys = self._wait_keys
-        fut = asyncio.ensure_future(self._send_acquire(k, args, *await self._target(), keys))
+        target = await self._target()
+        sent = time.monotonic()
+        fut = asyncio.ensure_future(self._send_acquire(k, args, *target, keys))
         try:
             # Cancelling the caller must not cancel a round trip Redis may already have run.
             ttl = await asyncio.shield(fut)
@@ -125,7 +130,7 @@ class AsyncRLock(LockBase):
             await self._undo_cancelled(fut, k[2])
             raise
         if ttl is None:
-            self._acquired(k, lease_ms, t0)
+            self._acquired(k, lease_ms, t0, since=sent)
             return None
         return int(ttl)
 
@@ -150,7 +155,7 @@ class AsyncRLock(LockBase):
         try:
             reply, acked = await acall_once(self._client, self._ACQUIRE, keys,
                                             args, self._wait_args(target))
-        except RedisConnectionError:
+        except (RedisConnectionError, RedisTimeoutError):
             replicas.forget(self._server)  # a failover: the new master has other replicas
             raise
         ttl = self._ttl_of(reply)
@@ -218,7 +223,11 @@ class AsyncRLock(LockBase):
                 ttl = await self._attempt(k, lease_ms, t0, reg=reg)
             except asyncio.CancelledError:
                 if token is not None:  # it may have registered: take it out of line
-                    self._spawn(self._withdraw(k, token))
+                    self._spawn(self._withdraw(k, token, deadline))
+                raise
+            except (RedisConnectionError, RedisTimeoutError):
+                if token is not None:  # it may have registered before the reply was lost
+                    self._withdraw_failed(token, deadline)
                 raise
             if ttl is None:
                 return True
@@ -234,9 +243,23 @@ class AsyncRLock(LockBase):
                 park_until = time.monotonic() + (waiting.park_timeout(ttl, deadline) or 3600.0)
         return await self._wait(k, lease_ms, wait, park_until, t0, token, registered, deadline)
 
-    async def _withdraw(self, k: HoldKey, token: str) -> None:
-        self._withdrawn(await acall_once(self._client, RELEASE_SCRIPT, self._release_keys,
-                                         self._withdraw_args(k[2], token)))
+    async def _withdraw(self, k: HoldKey, token: str, deadline: float | None) -> None:
+        try:
+            r = await acall_once(self._client, RELEASE_SCRIPT, self._release_keys,
+                                 self._withdraw_args(k[2], token))
+        except Exception:
+            self._withdraw_failed(token, deadline)
+            raise
+        self._withdrawn(r)
+
+    async def _verified(self, k: HoldKey) -> bool:
+        doubt = self._grant_doubt(k)
+        if doubt is None:
+            return True
+        hold, ms = doubt
+        sent = time.monotonic()
+        reply = await acall_once(self._client, RENEW_SCRIPT, (self.key,), (k[2], ms))
+        return self._grant_checked(k, hold, sent, ms, reply)
 
     async def _wait(self, k: HoldKey, lease_ms: int | None, wait: float | None,
                     park_until: float, t0: float, token: str | None = None,
@@ -248,11 +271,14 @@ class AsyncRLock(LockBase):
 
         async def withdraw() -> None:
             assert token is not None
-            await self._withdraw(k, token)
+            await self._withdraw(k, token, deadline)
+
+        async def verify() -> bool:
+            return await self._verified(k)
 
         got = await waiting.await_(self._waiting(k, lease_ms, t0, token, registered), attempt,
                                    wait, self.unlock, park_until,
-                                   None if token is None else withdraw)
+                                   None if token is None else withdraw, verify)
         top_up = self._top_up(k) if got else None
         if top_up is not None:
             await acall_once(self._client, RENEW_SCRIPT, (self.key,), top_up)
@@ -263,6 +289,7 @@ class AsyncRLock(LockBase):
         """Release one hold of the calling task (see ``RLock.unlock``)."""
         target = await self._target()
         plan = self._release_plan((self._server, self.key, self._field()))
+        plan.sent = time.monotonic()
         fut = asyncio.ensure_future(self._send_release(plan.args, *target))
         try:
             r = await asyncio.shield(fut)
@@ -270,7 +297,9 @@ class AsyncRLock(LockBase):
             # The release goes on; book its outcome when it lands (hand-off, renewal, echo).
             fut.add_done_callback(lambda f: self._book(plan, f))
             raise
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, (RedisConnectionError, RedisTimeoutError)):
+                replicas.forget(self._server)  # maybe a failover: count the replicas again
             self._release_failed(plan)
             raise
         orphan = self._release_done(plan, r)

@@ -19,7 +19,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from . import events, identity, pubsub, replicas, waiting, wakeline
+from . import events, identity, pubsub, replicas, waiting, wakeline, withdrawals
 from .clients import SlotBound, check_client, is_cluster_node, refresh
 from .errors import LockNotOwnedError, LockNotSyncedError
 from .naming import (
@@ -58,6 +58,11 @@ _yield_until: dict[tuple[Any, str], float] = {}
 REGISTRATION_SLACK_MS = 5000
 
 _wait_serials = itertools.count(1)
+
+#: A grant is returned to its waiter as a hold only while its booked validity (counted from the
+#: earliest moment it can have been made) has this much left (seconds; a quarter of the lease
+#: when that is shorter); else one round trip checks it first (invariant 31).
+GRANT_CHECK_MARGIN = 0.5
 
 #: Locks (server, key) this process has found held by another owner (``LockBase._registers``).
 #: Cleared when full: a hint.
@@ -185,14 +190,15 @@ class LockBase(SlotBound):
         return None if math.isinf(wait) else wait
 
     def _acquire_args(self, k: HoldKey, lease_ms: int | None, claim: bool = False) -> tuple[Any, ...]:
+        hold = watchdog().get(k)
         if lease_ms is None:
             ms = self._watchdog_ms
         else:
-            hold = watchdog().get(k)
             # A lease taken inside a watchdog-mode hold must not cut the key's TTL short.
             ms = max(lease_ms, hold.lease_ms) if hold is not None and hold.renew else lease_ms
-        info = self._info(k[2])
-        return (ms, k[2], info, "claim") if claim else (ms, k[2], info)
+        # An owner that holds nothing here is never counted on top of a field of its in Redis:
+        # that is a grant to a wait of its that ended without taking it (invariant 32).
+        return (ms, k[2], self._info(k[2]), "claim" if claim else "" if hold else "fresh")
 
     def _release_args(self, field: str, lease_ms: int) -> tuple[Any, ...]:
         return (field, lease_ms, UNLOCK_MESSAGE)
@@ -204,11 +210,11 @@ class LockBase(SlotBound):
         full = self._watchdog_ms if lease_ms is None else lease_ms
         return min(full, max(1, int(pubsub.GRANT_LEASE * 1000)))
 
-    def _register_args(self, token: str, deadline: float | None, grant_ms: int,
-                       claim: bool) -> tuple[Any, ...]:
-        """ARGV[4:] of an attempt that registers the caller if it fails."""
+    def _register_args(self, token: str, deadline: float | None,
+                       grant_ms: int) -> tuple[Any, ...]:
+        """ARGV[5:] of an attempt that registers the caller if it fails."""
         budget = -1 if deadline is None else max(0, math.ceil((deadline - time.monotonic()) * 1000))
-        return ("claim" if claim else "", token, budget, REGISTRATION_SLACK_MS, grant_ms)
+        return (token, budget, REGISTRATION_SLACK_MS, grant_ms)
 
     def _new_token(self, field: str, direct: bool = False) -> str:
         """A wait's name in the hand-off queue; ``direct``: its thread hears grants on its own
@@ -241,6 +247,40 @@ class LockBase(SlotBound):
             mgr = pubsub.existing_manager(self._sync_client)
             if mgr is not None:
                 mgr.granted(self._channel, r)
+
+    def _withdraw_failed(self, token: str, deadline: float | None) -> None:
+        """A withdrawal whose round trip failed is not forgotten: its entry would be granted
+        the lock by the next release, for a wait that is over (``withdrawals``)."""
+        withdrawals.later(self._sync_client, self._wait_keys[3], token, deadline)
+
+    # -- grants that may have run out while their waiter could not run (invariant 31) -------
+    def _grant_doubt(self, k: HoldKey) -> tuple[Any, int] | None:
+        """The hold booked for a grant to this wait and the lease to check it with, if its
+        validity (counted from the earliest moment the grant can have been made) is nearly
+        over: a waiter frozen past its grant lease reads a grant another owner may have
+        replaced. None: the booking stands without a round trip."""
+        hold = watchdog().get(k)
+        if hold is None:
+            return None
+        now = time.monotonic()
+        if hold.valid_until - now > min(GRANT_CHECK_MARGIN, hold.lease_ms / 4000.0):
+            return None
+        ms = hold.lease_ms if hold.renew else max(1, int((hold.expires_at - now) * 1000))
+        return hold, ms
+
+    def _grant_checked(self, k: HoldKey, hold: Any, sent: float, ms: int, reply: Any) -> bool:
+        """Book the check's reply: still ours (its lease set again from ``sent``), or gone, and
+        then never held as far as the caller is told."""
+        if reply and int(reply[0]):
+            watchdog().confirmed(k, hold, sent, ms)
+            return True
+        if watchdog().discard(k, hold):
+            logger.info("django-rlock: a grant of %r to %s ran out before its waiter could take "
+                        "it (the process did not run); waiting on", self.name, k[2])
+            if events.listeners:
+                events.emit("lost", name=self.name, key=self.key, label=self.label, owner=k[2],
+                            held=0.0, how="its grant ran out before its waiter ran")
+        return False
 
     def _force_args(self) -> tuple[Any, ...]:
         return (UNLOCK_MESSAGE,)
@@ -301,15 +341,17 @@ class LockBase(SlotBound):
         raise NotImplementedError
 
     def _acquired(self, k: HoldKey, lease_ms: int | None, t0: float,
-                  thread: threading.Thread | None = None, grant_ms: int | None = None) -> Any:
+                  thread: threading.Thread | None = None, grant_ms: int | None = None,
+                  since: float | None = None) -> Any:
         # Registered before the caller hears of it, so no unlock can run ahead of it.
+        # ``since``: when the lease Redis set can have started at the earliest (invariant 31).
         renew = lease_ms is None
         self._fresh()  # renewed where the slot is now (a redirected acquire)
         hold = watchdog().acquired(k, self._sync_client, self.name,
                                    self._watchdog_ms if renew else lease_ms, renew,
                                    self.watchdog_timeout, self._on_lost, thread=thread,
                                    label=self.label, scripts_keys=self._release_keys,
-                                   kind=self._hold_kind, grant_ms=grant_ms)
+                                   kind=self._hold_kind, grant_ms=grant_ms, since=since)
         if events.listeners and hold.count == 1:
             events.emit("acquired", name=self.name, key=self.key, label=self.label, owner=k[2],
                         wait=time.monotonic() - t0,
@@ -317,8 +359,10 @@ class LockBase(SlotBound):
         return hold
 
     def _grant_callback(self, k: HoldKey, lease_ms: int | None,
-                        t0: float) -> Callable[[int | None], None]:
-        return lambda grant_ms=None: self._acquired(k, lease_ms, t0, grant_ms=grant_ms)
+                        t0: float) -> Callable[..., Any]:
+        # A grant to this wait was made after the wait began, at the earliest (invariant 31).
+        return lambda grant_ms=None, since=None: self._acquired(
+            k, lease_ms, t0, grant_ms=grant_ms, since=t0 if since is None else since)
 
     def _registers(self, k: HoldKey, wait: float | None, park_until: float) -> bool:
         """Whether a wait's first attempt carries the hand-off registration (a token, 3 more
@@ -446,7 +490,8 @@ class LockBase(SlotBound):
                 # outcome (r None) is "not granted": the heir's own claim finds out. Not
                 # granted because a registered waiter came first: the heir retries, and so
                 # takes its place in line.
-                if heir is not None and not mgr.resolve(self._channel, heir, r == -1):
+                if heir is not None and not mgr.resolve(self._channel, heir, r == -1,
+                                                        plan.sent):
                     orphan = heir  # it left before the hand-off settled: release for it
         if published:
             receivers = r - 1
@@ -484,7 +529,7 @@ class LockBase(SlotBound):
 
 
 class _Release:
-    __slots__ = ("k", "hold", "lease_ms", "mgr", "heir", "echo", "args")
+    __slots__ = ("k", "hold", "lease_ms", "mgr", "heir", "echo", "args", "sent")
 
     def __init__(self, k: HoldKey, hold: Any, lease_ms: int) -> None:
         self.k = k
@@ -494,6 +539,7 @@ class _Release:
         self.heir: pubsub.Waiter | None = None
         self.echo = False
         self.args: tuple[Any, ...] = ()
+        self.sent: float | None = None  # when the release went out (a heir's lease starts later)
 
 
 def _be_polite(server: Any, key: str) -> None:
@@ -554,15 +600,18 @@ class RLock(LockBase):
     _info = staticmethod(identity.thread_info)
 
     def _acquired(self, k: HoldKey, lease_ms: int | None, t0: float,
-                  thread: threading.Thread | None = None, grant_ms: int | None = None) -> Any:
-        return super()._acquired(k, lease_ms, t0, thread or threading.current_thread(), grant_ms)
+                  thread: threading.Thread | None = None, grant_ms: int | None = None,
+                  since: float | None = None) -> Any:
+        return super()._acquired(k, lease_ms, t0, thread or threading.current_thread(), grant_ms,
+                                 since)
 
     def _grant_callback(self, k: HoldKey, lease_ms: int | None,
-                        t0: float) -> Callable[[int | None], None]:
+                        t0: float) -> Callable[..., Any]:
         # A grant runs on the releasing or the listener thread: the hold belongs to the
-        # waiting one (this one).
+        # waiting one (this one). It was made after the wait began, at the earliest.
         waiter = threading.current_thread()
-        return lambda grant_ms=None: self._acquired(k, lease_ms, t0, waiter, grant_ms)
+        return lambda grant_ms=None, since=None: self._acquired(
+            k, lease_ms, t0, waiter, grant_ms, t0 if since is None else since)
 
     # -- acquiring ------------------------------------------------------------------------
     def lock(self, lease_time: float | None = None) -> None:
@@ -597,17 +646,20 @@ class RLock(LockBase):
         args = self._acquire_args(k, lease_ms, claim)
         keys = self._acquire_keys
         if reg is not None:
-            args = args[:3] + self._register_args(reg[0], reg[1], self._grant_ms(lease_ms), claim)
+            args = args[:4] + self._register_args(reg[0], reg[1], self._grant_ms(lease_ms))
             keys = self._wait_keys
         connected, target = self._target()
+        sent = time.monotonic()
         if target is None:
             ttl = self._ttl_of(call_once(self._client, self._ACQUIRE, keys, args))
         else:
             try:
                 reply, acked = call_once(self._client, self._ACQUIRE, keys, args,
                                          self._wait_args(target))
-            except RedisConnectionError:
-                replicas.forget(self._server)  # a failover: the new master has other replicas
+            except (RedisConnectionError, RedisTimeoutError):
+                # A failover (seen, or behind a fixed address: WAIT then times out): count the
+                # new master's replicas next time.
+                replicas.forget(self._server)
                 raise
             ttl = self._ttl_of(reply)
             err = self._shortfall(acked, target, connected, "an acquire") if ttl is None else None
@@ -616,7 +668,7 @@ class RLock(LockBase):
                           self._release_args(k[2], args[0]))
                 raise err
         if ttl is None:
-            self._acquired(k, lease_ms, t0)
+            self._acquired(k, lease_ms, t0, since=sent)
             return None
         return int(ttl)
 
@@ -632,8 +684,13 @@ class RLock(LockBase):
         registered = False
         if not park_until:
             heard = token is not None and self._grants_heard()
-            ttl = (self._attempt(k, lease_ms, t0) if token is None
-                   else self._attempt(k, lease_ms, t0, reg=(token, deadline)))
+            try:
+                ttl = (self._attempt(k, lease_ms, t0) if token is None
+                       else self._attempt(k, lease_ms, t0, reg=(token, deadline)))
+            except (RedisConnectionError, RedisTimeoutError):
+                if token is not None:  # it may have registered before the reply was lost
+                    self._withdraw_failed(token, deadline)
+                raise
             if ttl is None:
                 return True
             if wait == 0:
@@ -651,17 +708,31 @@ class RLock(LockBase):
                 park_until = time.monotonic() + (waiting.park_timeout(ttl, deadline) or 3600.0)
         return self._wait(k, lease_ms, wait, park_until, t0, token, registered, deadline, line)
 
+    def _verified(self, k: HoldKey) -> bool:
+        doubt = self._grant_doubt(k)
+        if doubt is None:
+            return True
+        hold, ms = doubt
+        sent = time.monotonic()
+        reply = call_once(self._client, RENEW_SCRIPT, (self.key,), (k[2], ms))
+        return self._grant_checked(k, hold, sent, ms, reply)
+
     def _wait(self, k: HoldKey, lease_ms: int | None, wait: float | None,
               park_until: float, t0: float, token: str | None = None, registered: bool = False,
               deadline: float | None = None, line: Any = None) -> bool:
         if token is None:
             return waiting.wait(self._waiting(k, lease_ms, t0),
                                 lambda claim: self._attempt(k, lease_ms, t0, claim),
-                                wait, self.unlock, park_until)
+                                wait, self.unlock, park_until, verify=lambda: self._verified(k))
 
         def withdraw() -> None:
-            self._withdrawn(call_once(self._client, RELEASE_SCRIPT, self._release_keys,
-                                      self._withdraw_args(k[2], token)))
+            try:
+                r = call_once(self._client, RELEASE_SCRIPT, self._release_keys,
+                              self._withdraw_args(k[2], token))
+            except Exception:
+                self._withdraw_failed(token, deadline)
+                raise
+            self._withdrawn(r)
 
         if line is None:
             # This wait's grant comes through the shared subscription; the thread's next
@@ -669,7 +740,7 @@ class RLock(LockBase):
             wakeline.open_line(self._sync_client, k[2])
         got = waiting.wait(self._waiting(k, lease_ms, t0, token, registered, line),
                            lambda claim: self._attempt(k, lease_ms, t0, claim, (token, deadline)),
-                           wait, self.unlock, park_until, withdraw)
+                           wait, self.unlock, park_until, withdraw, lambda: self._verified(k))
         top_up = self._top_up(k) if got else None
         if top_up is not None:
             call_once(self._client, RENEW_SCRIPT, (self.key,), top_up)
@@ -686,6 +757,7 @@ class RLock(LockBase):
         """
         plan = self._release_plan((self._server, self.key, self._field()))
         connected, target = self._target()
+        plan.sent = time.monotonic()
         try:
             if target is None:
                 r = call_once(self._client, self._RELEASE, self._release_keys, plan.args)
@@ -695,7 +767,9 @@ class RLock(LockBase):
                 err = self._shortfall(acked, target, connected, "a release")
                 if err is not None and r is not None:
                     self._release_unsynced(err)
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, (RedisConnectionError, RedisTimeoutError)):
+                replicas.forget(self._server)  # maybe a failover: count the replicas again
             self._release_failed(plan)
             raise
         orphan = self._release_done(plan, r)

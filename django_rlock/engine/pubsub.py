@@ -67,7 +67,7 @@ class Waiter:
                  "seen", "token", "registered", "grant_ms", "line", "pending", "deliver")
 
     def __init__(self, owner: str = "", lease_ms: int = 0,
-                 on_grant: Callable[[int | None], None] | None = None,
+                 on_grant: Callable[..., Any] | None = None,
                  loop: asyncio.AbstractEventLoop | None = None, key: str = "",
                  info: str = "", token: bytes | None = None, registered: bool = False,
                  grant_ms: int = 0, line: Any = None) -> None:
@@ -329,15 +329,26 @@ class Slot:
             w.registered = True  # it may be, once the attempt lands (even if we never hear)
         return False
 
-    def claim(self) -> bool:
-        """A claim attempt found the lock granted to us (``scripts.CLAIMED``): book it unless
-        the grant's message already did. Always True: we hold it."""
+    def claim(self, since: float | None = None) -> bool:
+        """A claim attempt (sent at ``since``) found the lock granted to us
+        (``scripts.CLAIMED``): book it unless the grant's message already did. Always True:
+        we hold it."""
         with self._mgr._lock:
             w = self._waiter
             w.attempting = False
             if not w.granted:
-                self._mgr._take_grant(self.channel, w, None)
+                self._mgr._take_grant(self.channel, w, None, since)
             return True
+
+    def ungrant(self) -> None:
+        """A grant booked for us was found gone in Redis (it ran out while we could not run,
+        invariant 31): we never held it. Back to the head of the line, as a waiter whose
+        entry is gone (its next attempt registers it again)."""
+        with self._mgr._lock:
+            w = self._waiter
+            w.granted = False
+            w.registered = False
+            self.channel.queue.appendleft(w)
 
     def attempted(self, acquired: bool, ttl_ms: int | None = None) -> bool:
         """Record the outcome of a retry. True means: retry again now, do not park."""
@@ -521,9 +532,10 @@ class PubSubManager:
                 ch.queue.appendleft(w)
             w._unpark()
 
-    def resolve(self, channel: bytes, w: Waiter, granted: bool) -> bool:
+    def resolve(self, channel: bytes, w: Waiter, granted: bool,
+                since: float | None = None) -> bool:
         """Settle a reservation. Returns False if the waiter left meanwhile (the caller must
-        then release the lock on its behalf)."""
+        then release the lock on its behalf). ``since``: when the release was sent."""
         with self._lock:
             ch = self._channels.get(channel)
             self._reserved.pop(w, None)
@@ -555,7 +567,8 @@ class PubSubManager:
                 if not w._unpark():
                     return False  # its event loop is gone: release on its behalf
                 if w.on_grant is not None:
-                    w.on_grant()  # registered while the waiter cannot yet leave or return
+                    # Registered while the waiter cannot yet leave or return.
+                    w.on_grant(None, since)
                 w.granted = True
             else:
                 # Released the ordinary way (or not at all): this waiter retries first.
@@ -563,9 +576,11 @@ class PubSubManager:
             return True
 
     # -- the cross-process hand-off ------------------------------------------------------
-    def _take_grant(self, ch: Channel, w: Waiter, grant_ms: int | None) -> bool:
+    def _take_grant(self, ch: Channel, w: Waiter, grant_ms: int | None,
+                    since: float | None = None) -> bool:
         """Under the lock: ``w`` was granted the lock in Redis; it owns it from now on. Books
-        the hold (``on_grant``) before the waiter can see it. False if the waiter is gone."""
+        the hold (``on_grant``) before the waiter can see it. False if the waiter is gone.
+        ``since``: the grant was made then at the earliest (None: when the wait began)."""
         if w.signaled:
             w.signaled = False
             ch.active -= 1
@@ -578,7 +593,7 @@ class PubSubManager:
         if not w._unpark():
             return False  # its event loop closed: the grant's short lease ends it
         if w.on_grant is not None:
-            w.on_grant(grant_ms)
+            w.on_grant(grant_ms, since)
         w.granted = True
         return True
 
@@ -648,7 +663,7 @@ class PubSubManager:
         return ch.expires_hint if ch is not None else 0.0
 
     def enter(self, channel: bytes, owner: str = "", lease_ms: int = 0,
-              on_grant: Callable[[int | None], None] | None = None,
+              on_grant: Callable[..., Any] | None = None,
               loop: asyncio.AbstractEventLoop | None = None, key: str = "",
               info: str = "", wakes: WakePolicy | None = None, grant: bytes | None = None,
               token: bytes | None = None, registered: bool = False,
@@ -692,7 +707,7 @@ class PubSubManager:
 
     @contextmanager
     def waiting(self, channel: bytes, subscribe_timeout: float | None, owner: str = "",
-                lease_ms: int = 0, on_grant: Callable[[], None] | None = None) -> Iterator[Slot]:
+                lease_ms: int = 0, on_grant: Callable[..., Any] | None = None) -> Iterator[Slot]:
         """``enter`` for a thread, waiting for the subscription before the body runs."""
         slot = self.enter(channel, owner, lease_ms, on_grant)
         try:

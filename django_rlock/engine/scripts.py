@@ -51,9 +51,11 @@ CLAIMED = -3
 
 # KEYS[1] lock hash, KEYS[2] index, KEYS[3] hand-off queue, KEYS[4] hand-off waiters (3 and 4
 # only with a token); ARGV[1] lease ms, ARGV[2] owner field, ARGV[3] holder info, ARGV[4] mode:
-# "" (a first attempt) or "claim" (a waiter's retry), ARGV[5] token (a waiter: registered if
-# the attempt fails), ARGV[6] its budget ms (-1: none), ARGV[7] slack ms past the holder's
-# PTTL, ARGV[8] grant lease ms.
+# "" (a reentrant first attempt), "fresh" (a first attempt by an owner that holds nothing as
+# far as its process knows: a field of its already there is a grant nobody took, taken as a
+# new hold at count 1, never counted on top) or "claim" (a waiter's retry), ARGV[5] token (a
+# waiter: registered if the attempt fails), ARGV[6] its budget ms (-1: none), ARGV[7] slack ms
+# past the holder's PTTL, ARGV[8] grant lease ms.
 # Reply: nil = acquired (new or reentrant); CLAIMED (see above); else the holder's PTTL (-1:
 # no expiry), and the waiter is registered: queued once per token, its entry valid until its
 # budget ends or the holder's PTTL plus the slack has passed (it re-registers on every retry).
@@ -73,7 +75,11 @@ if redis.call('exists', KEYS[1]) == 0 then
   return nil
 end
 if redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
-  redis.call('hincrby', KEYS[1], ARGV[2], 1)
+  if ARGV[4] == 'fresh' then
+    redis.call('hset', KEYS[1], ARGV[2], 1)
+  else
+    redis.call('hincrby', KEYS[1], ARGV[2], 1)
+  end
   redis.call('pexpire', KEYS[1], ARGV[1])
   return nil
 end

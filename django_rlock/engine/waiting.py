@@ -56,7 +56,7 @@ class Wait:
                  "recheck", "grant", "token", "registered", "grant_ms", "line", "moved")
 
     def __init__(self, client: Any, channel: bytes, key: str, *, owner: str = "",
-                 lease_ms: int = 0, on_grant: Callable[[int | None], None] | None = None,
+                 lease_ms: int = 0, on_grant: Callable[..., Any] | None = None,
                  info: str = "", wakes: pubsub.WakePolicy | None = None,
                  recheck: float | None = None, grant: bytes | None = None,
                  token: bytes | None = None, registered: bool = False,
@@ -88,14 +88,21 @@ class Wait:
                          self.grant_ms, self.line)
 
 
+def _over(deadline: float | None) -> bool:
+    return deadline is not None and time.monotonic() >= deadline
+
+
 def wait(w: Wait, attempt: Callable[[bool], int | None], budget: float | None,
          give_back: Callable[[], Any] | None = None, park_until: float = 0.0,
-         withdraw: Callable[[], Any] | None = None) -> bool:
+         withdraw: Callable[[], Any] | None = None,
+         verify: Callable[[], bool] | None = None) -> bool:
     """Wait for ``attempt`` to succeed within ``budget`` seconds (None: forever).
 
     ``give_back`` undoes a hand-off that reached us as we gave up (RLock's only);
     ``withdraw`` takes our entry out of the cross-process hand-off queue (or gives back the
-    grant that raced with our giving up).
+    grant that raced with our giving up). ``verify()`` decides whether a grant booked for us
+    may be returned as a hold (invariant 31): False means it was gone in Redis and is
+    unbooked; the wait goes on.
     """
     deadline = None if budget is None else time.monotonic() + budget
     sub_timeout = SUBSCRIBE_TIMEOUT if budget is None else min(SUBSCRIBE_TIMEOUT, budget)
@@ -109,24 +116,31 @@ def wait(w: Wait, attempt: Callable[[bool], int | None], budget: float | None,
         if park_until:
             end = park_until if deadline is None else min(park_until, deadline)
             acquired = slot.park(end - time.monotonic())
-        while not acquired:
-            if slot.begin_attempt():
-                acquired = True
-                break
-            ttl = attempt(True)
-            if ttl == CLAIMED:
-                acquired = slot.claim()
-                break
-            again = slot.attempted(ttl is None, ttl)
-            if ttl is None or slot.granted:
-                acquired = True
-            elif again:
-                continue
-            elif deadline is not None and time.monotonic() >= deadline:
-                break
-            else:
-                acquired = slot.park(_park_for(w, ttl, deadline))
-        return acquired
+        while True:
+            while not acquired:
+                if slot.begin_attempt():
+                    acquired = True
+                    break
+                sent = time.monotonic()
+                ttl = attempt(True)
+                if ttl == CLAIMED:
+                    acquired = slot.claim(sent)
+                    break
+                again = slot.attempted(ttl is None, ttl)
+                if ttl is None or slot.granted:
+                    acquired = True
+                elif again:
+                    continue
+                elif _over(deadline):
+                    break
+                else:
+                    acquired = slot.park(_park_for(w, ttl, deadline))
+            if not acquired or verify is None or not slot.granted or verify():
+                return acquired
+            slot.ungrant()
+            acquired = False
+            if _over(deadline):
+                return False
     finally:
         granted = slot.leave()
         if not acquired:
@@ -143,7 +157,8 @@ def wait(w: Wait, attempt: Callable[[bool], int | None], budget: float | None,
 async def await_(w: Wait, attempt: Callable[[bool], Awaitable[int | None]],
                  budget: float | None, give_back: Callable[[], Awaitable[Any]] | None = None,
                  park_until: float = 0.0,
-                 withdraw: Callable[[], Awaitable[Any]] | None = None) -> bool:
+                 withdraw: Callable[[], Awaitable[Any]] | None = None,
+                 verify: Callable[[], Awaitable[bool]] | None = None) -> bool:
     """``wait`` for an asyncio task: it parks on its own loop, never on a thread."""
     deadline = None if budget is None else time.monotonic() + budget
     sub_timeout = SUBSCRIBE_TIMEOUT if budget is None else min(SUBSCRIBE_TIMEOUT, budget)
@@ -161,24 +176,31 @@ async def await_(w: Wait, attempt: Callable[[bool], Awaitable[int | None]],
         if park_until:
             end = park_until if deadline is None else min(park_until, deadline)
             acquired = await slot.apark(end - time.monotonic())
-        while not acquired:
-            if await slot.abegin_attempt():
-                acquired = True
-                break
-            ttl = await attempt(True)
-            if ttl == CLAIMED:
-                acquired = slot.claim()
-                break
-            again = slot.attempted(ttl is None, ttl)
-            if ttl is None or slot.granted:
-                acquired = True
-            elif again:
-                continue
-            elif deadline is not None and time.monotonic() >= deadline:
-                break
-            else:
-                acquired = await slot.apark(_park_for(w, ttl, deadline))
-        return acquired
+        while True:
+            while not acquired:
+                if await slot.abegin_attempt():
+                    acquired = True
+                    break
+                sent = time.monotonic()
+                ttl = await attempt(True)
+                if ttl == CLAIMED:
+                    acquired = slot.claim(sent)
+                    break
+                again = slot.attempted(ttl is None, ttl)
+                if ttl is None or slot.granted:
+                    acquired = True
+                elif again:
+                    continue
+                elif _over(deadline):
+                    break
+                else:
+                    acquired = await slot.apark(_park_for(w, ttl, deadline))
+            if not acquired or verify is None or not slot.granted or await verify():
+                return acquired
+            slot.ungrant()
+            acquired = False
+            if _over(deadline):
+                return False
     finally:
         granted = await slot.aleave()
         if not acquired:

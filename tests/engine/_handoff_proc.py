@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import sys
@@ -114,5 +115,27 @@ def loop(sock: str, name: str, seconds: str, threads: str, tasks: str) -> None:
     print(f"done {sum(done)} {max(waits, default=0.0):.3f}", flush=True)
 
 
+def try_report(sock: str, name: str, wait: str, line: str = "") -> None:
+    """One ``try_lock(wait)``; print what the caller is told and what Redis says, then hold
+    until "unlock" if it got the lock. ``line``: a thread that has waited before (wake line)."""
+    client = redis.Redis(unix_socket_path=sock)
+    lock = RLock(client, name)
+    if line:
+        assert wakeline.open_line(client, identity.thread_owner()) is not None
+    print("waiting " + identity.thread_owner(), flush=True)
+    t0 = time.monotonic()
+    got = lock.try_lock(wait_time=float(wait))
+    print("result " + json.dumps({
+        "got": got, "elapsed": time.monotonic() - t0, "lost": lock.is_lost(),
+        "held": lock.is_held_by_current_thread(),
+        "fields": sorted(f.decode() for f in client.hkeys(name))}), flush=True)
+    if got:
+        for text in sys.stdin:
+            if text.strip() == "unlock":
+                lock.unlock()
+                print("unlocked", flush=True)
+                return
+
+
 if __name__ == "__main__":
-    {"wait_hold": wait_hold, "loop": loop}[sys.argv[1]](*sys.argv[2:])
+    {"wait_hold": wait_hold, "loop": loop, "try_report": try_report}[sys.argv[1]](*sys.argv[2:])
