@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import subprocess
 import sys
 import threading
@@ -17,9 +18,11 @@ import redis
 import redis.asyncio
 
 from django_rlock import LockNotOwnedError, RLock
+from django_rlock.engine import replicas
 from django_rlock.engine.fenced import AsyncFencedLock, FencedLock
 from django_rlock.engine.identity import thread_owner
 from django_rlock.engine.naming import index_key
+from django_rlock.testing import RedisServer, free_port
 
 ROOT = Path(__file__).parents[2]
 
@@ -379,6 +382,47 @@ def test_a_counter_behind_the_tokens_handed_out_still_gives_a_larger_token(r):
         assert token > max(handed)
         handed.append(token)
     assert handed == sorted(set(handed))
+
+
+def test_a_promoted_replica_that_missed_the_last_tokens_hands_out_larger_ones():
+    # A real failover's data loss: the replica is promoted (REPLICAOF NO ONE) while the old
+    # master goes on handing out tokens it never sees. Same host, so the same clock.
+    master = RedisServer(port=free_port(), args=["--repl-diskless-sync-delay", "0"]).start()
+    replica = RedisServer(port=free_port(),
+                          args=["--replicaof", "127.0.0.1", str(master.port)]).start()
+    m, rep = master.client(), replica.client()
+    try:
+        deadline = time.monotonic() + 10
+        while (replicas._online(m.info("replication")) != 1  # online on both sides
+               or rep.info("replication")["master_link_status"] != "up"):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        lock = FencedLock(m, "failover", sync_replicas=1)  # each acquire WAITs for the replica
+        synced = []
+        for _ in range(3):
+            synced.append(lock.lock_and_get_token())
+            lock.unlock()
+        assert int(rep.get(lock.token_key)) == synced[-1]  # written as digits, replicated
+        rep.replicaof("NO", "ONE")
+        lost = FencedLock(m, "failover", sync_replicas=0)
+        missed = []
+        for _ in range(3):
+            missed.append(lost.lock_and_get_token())
+            lost.unlock()
+        assert int(rep.get(lock.token_key)) == synced[-1] < min(missed)  # the replica lags
+        promoted = FencedLock(rep, "failover", sync_replicas=0)
+        after = []
+        for _ in range(3):
+            after.append(promoted.lock_and_get_token())
+            promoted.unlock()
+        assert increasing(synced + missed) and increasing(after)
+        assert min(after) > max(synced + missed)
+    finally:
+        m.close()
+        rep.close()
+        for server in (replica, master):
+            server.stop()
+            shutil.rmtree(server.dir, ignore_errors=True)
 
 
 def test_a_redisson_client_incr_between_acquires_keeps_tokens_growing(r):
