@@ -54,7 +54,7 @@ logger = logging.getLogger("django_rlock")
 # million tokens per second per lock (else the counter runs ahead of the clock by the
 # excess). The clock is a string of digits (a Lua number is a double: tostring would write
 # 1.7e+15), compared as numbers (exact below 2**53: the year 2255 in microseconds). A counter
-# that is not an integer goes to INCR, which refuses it as before. Tokens are numbers in the
+# that is not a number goes to INCR, which refuses it as before. Tokens are numbers in the
 # reply, exact below 2**53 too.
 FENCED_ACQUIRE = """
 local fresh = redis.call('exists', KEYS[1]) == 0
