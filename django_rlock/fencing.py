@@ -26,7 +26,8 @@ from django.core.exceptions import FieldDoesNotExist
 from django.db import models
 from django.db.models import Q
 
-#: Redis INCR's ceiling, and a BigIntegerField's.
+#: Redis INCR's ceiling, and a BigIntegerField's. Tokens start from the server clock in
+#: microseconds (about 1.7e15 today, 2**53 in the year 2255): far below it.
 MAX_TOKEN = 2**63 - 1
 
 
@@ -62,10 +63,13 @@ def _fenced(queryset: models.QuerySet[Any], token: Any, token_field: str,
             raise ValueError(f"{meta.label}.{name} lives in the table of "
                              f"{field.model._meta.label} (multi-table inheritance): "
                              f"fenced_update writes {meta.label}'s table only")
-        if name == token_field and (not isinstance(field, models.IntegerField) or field.primary_key):
-            raise ValueError(f"the token field {meta.label}.{name} must be an integer column "
-                             f"(a BigIntegerField: tokens grow past 2**31), not "
-                             f"{type(field).__name__}")
+        if name == token_field and (not isinstance(field, models.BigIntegerField)
+                                    or field.primary_key):
+            # Tokens start from the Redis server's clock in microseconds (about 1.7e15): an
+            # IntegerField would overflow (or, on SQLite, work until the project moves).
+            raise ValueError(f"the token field {meta.label}.{name} must be a 64-bit integer "
+                             f"column (BigIntegerField or PositiveBigIntegerField, not a primary "
+                             f"key: tokens are about 1.7e15), not {type(field).__name__}")
     not_newer = Q(**{f"{token_field}__lte": token}) | Q(**{f"{token_field}__isnull": True})
     return queryset.filter(not_newer), {**values, token_field: token}
 
@@ -80,9 +84,12 @@ def fenced_update(queryset: models.QuerySet[Any], token: int, token_field: str =
 
     Equal tokens pass: a holder may write the same rows as often as it likes with its token
     (and only it has that token: every acquire gets a new one). A NULL token column counts as
-    older than any token, so new rows can start with NULL (or 0: tokens start at 1). Use a
-    ``BigIntegerField(null=True)`` for the column. The token field must be a column of the
-    queryset's own table, as must every value (no multi-table-inherited parents' fields).
+    older than any token, so new rows can start with NULL (or 0: tokens are positive). The
+    column must be a ``BigIntegerField(null=True)`` (or ``PositiveBigIntegerField``): tokens
+    are about 1.7e15 (they start from the Redis server's clock in microseconds, so they keep
+    growing after Redis loses the counter), and any other field raises ValueError. The token
+    field must be a column of the queryset's own table, as must every value (no
+    multi-table-inherited parents' fields).
     Bad input raises TypeError/ValueError before any query.
     """
     qs, sets = _fenced(queryset, token, token_field, values)

@@ -1,10 +1,20 @@
 """FencedLock: Redisson's ``RFencedLock``, an RLock whose every acquire yields a fencing token.
 
 The lock is RLock's hash (same field, lease, renewal, release); next to it lives the counter
-``redisson_lock_token:{<key>}`` (INCR, no TTL), raised by the acquire script on *every*
-acquire by anyone, reentrant ones included. A token is therefore unique and larger than any
-token handed out before it, so storage that remembers the largest token it has seen can refuse
-a holder that paused past its lease (Kleppmann's GC-pause case): see ``django_rlock.fencing``.
+``redisson_lock_token:{<key>}`` (an integer string, no TTL), raised by the acquire script on
+*every* acquire by anyone, reentrant ones included. A token is therefore unique and larger than
+any token handed out before it, so storage that remembers the largest token it has seen can
+refuse a holder that paused past its lease (Kleppmann's GC-pause case): see
+``django_rlock.fencing``.
+
+Unlike Redisson's plain INCR, the script raises the counter to at least the server's clock in
+microseconds (``max(counter + 1, TIME in µs)``): a counter lost in a restart without
+persistence, or behind on a promoted replica that missed the last INCRs, does not start
+again at 1 below the tokens already out. This assumes the server clock (and, across a
+failover, the new master's against the old one's) never goes back by more than the time
+between the last token and the loss, and fewer than a million acquires per second on one lock.
+A Java Redisson client sharing the counter INCRs it: its tokens keep growing too (but one
+that acquires first after a loss starts from 1).
 
 Where Redisson is odd, this port decides (and says so in the docstrings):
 ``lock_and_get_token(lease_time)`` honours the lease (Redisson ignores it);
@@ -31,12 +41,34 @@ logger = logging.getLogger("django_rlock")
 # KEYS[1] lock hash, KEYS[2] index, KEYS[3] token counter; ARGV[1] lease ms, ARGV[2] owner
 # field, ARGV[3] holder info, ARGV[4] "claim" (sent by waiters; with no hand-off there is
 # nothing to claim, so it changes nothing).
-# Reply: {-1, token} = acquired (new or reentrant; the counter rose by one);
-# {pttl, -1} = held by another (pttl -1: its key has no expiry).
+# Reply: {-1, token} = acquired (new or reentrant); {pttl, -1} = held by another (pttl -1: its
+# key has no expiry).
+#
+# The token is max(counter + 1, server TIME in microseconds), written back to the counter: an
+# INCR while the counter is at or ahead of the clock (Redisson's step), else a SET to the
+# clock. Every token is then at least its issue time in microseconds, so a counter lost
+# (restart without persistence) or behind (a promoted replica that missed the last INCRs)
+# starts again above every token handed out before the loss, with no second round trip.
+# Assumes the server clock never steps back past the last token (a failover: the new
+# master's clock is not behind the old one's by as much as the outage) and fewer than a
+# million tokens per second per lock (else the counter runs ahead of the clock by the
+# excess). The clock is a string of digits (a Lua number is a double: tostring would write
+# 1.7e+15), compared as numbers (exact below 2**53: the year 2255 in microseconds). A counter
+# that is not a number goes to INCR, which refuses it as before. Tokens are numbers in the
+# reply, exact below 2**53 too.
 FENCED_ACQUIRE = """
 local fresh = redis.call('exists', KEYS[1]) == 0
 if fresh or redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
-  local token = redis.call('incr', KEYS[3])
+  local t = redis.call('time')
+  local now = t[1] .. string.format('%06d', tonumber(t[2]))
+  local last = redis.call('get', KEYS[3])
+  local token
+  if last and (tonumber(last) == nil or tonumber(last) >= tonumber(now)) then
+    token = redis.call('incr', KEYS[3])
+  else
+    redis.call('set', KEYS[3], now)
+    token = tonumber(now)
+  end
   redis.call('hincrby', KEYS[1], ARGV[2], 1)
   redis.call('pexpire', KEYS[1], ARGV[1])
   if fresh then
@@ -101,7 +133,9 @@ class FencedLock(_Fenced, RLock):
     """A reentrant lock (the ``RLock`` API) whose acquires hand out fencing tokens.
 
     Every acquire, reentrant or not, plain ``lock()``/``try_lock()`` included, raises the
-    counter: tokens grow strictly in acquisition order across threads, processes and hosts.
+    counter: tokens grow strictly in acquisition order across threads, processes and hosts,
+    and across a restart or failover that lost the counter (tokens start from the server's
+    clock in microseconds, so they are about 1.7e15 and need a 64-bit column).
     Pass the token to the storage you write (``django_rlock.fencing.fenced_update``), which
     refuses writes older than the newest it has seen.
     """

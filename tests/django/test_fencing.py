@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import connection, models
 from django.db.models import F
 from django.test.utils import CaptureQueriesContext
 
@@ -138,8 +138,11 @@ def test_afenced_update(tables):
     (lambda qs: fenced_update(qs, 1, fence_token=5, result="x"), ValueError,
      "must not set the token field 'fence_token'"),
     (lambda qs: fenced_update(qs, 1), ValueError, "at least one value"),
-    (lambda qs: fenced_update(qs, 1, "result", name="x"), ValueError, "must be an integer column"),
-    (lambda qs: fenced_update(qs, 1, "id", name="x"), ValueError, "must be an integer column"),
+    (lambda qs: fenced_update(qs, 1, "result", name="x"), ValueError,
+     "token field rlock_fencing.Job.result must be a 64-bit integer column"),
+    (lambda qs: fenced_update(qs, 1, "id", name="x"), ValueError, "must be a 64-bit integer column"),
+    (lambda qs: fenced_update(qs, 1, "writes", name="x"), ValueError,  # an IntegerField
+     r"token field rlock_fencing.Job.writes must be a 64-bit integer column .*not IntegerField"),
     (lambda qs: fenced_update(qs, 1, 5, name="x"), TypeError, "token_field must be"),
     (lambda qs: fenced_update([], 1, name="x"), TypeError, "needs a QuerySet"),
     (lambda qs: fenced_update(Child.objects.all(), 1, extra="x"), ValueError,
@@ -150,6 +153,37 @@ def test_afenced_update(tables):
 def test_bad_input_raises_before_any_query(tables, django_assert_num_queries, call, exc, match):
     with django_assert_num_queries(0), pytest.raises(exc, match=match):
         call(Job.objects.filter(pk=1))
+
+
+class Positive(models.Model):
+    """A PositiveBigIntegerField token column: 64 bits, accepted."""
+
+    fence_token = models.PositiveBigIntegerField(null=True)
+    label = models.CharField(max_length=40, default="")
+
+    class Meta:
+        app_label = "rlock_fencing"
+        apps = fencing_app.registry
+        db_table = "rlock_fencing_positive"
+
+
+def test_a_token_from_the_clock_fits_a_positive_big_integer_column(redis_server):
+    from django_rlock.engine.fenced import FencedLock
+
+    with connection.schema_editor() as editor:
+        editor.create_model(Positive)
+    try:
+        lock = FencedLock(redis_server.client(), "positive")
+        token = lock.lock_and_get_token()
+        lock.unlock()
+        assert token > 2**31  # the server clock in microseconds (issue #25)
+        pk = Positive.objects.create().pk
+        assert fenced_update(Positive.objects.filter(pk=pk), token, label="x") == 1
+        assert fenced_update(Positive.objects.filter(pk=pk), token - 1, label="old") == 0
+        assert Positive.objects.get(pk=pk).fence_token == token
+    finally:
+        with connection.schema_editor() as editor:
+            editor.delete_model(Positive)
 
 
 def test_afenced_update_validates_before_any_query(tables, django_assert_num_queries):
