@@ -137,5 +137,28 @@ def try_report(sock: str, name: str, wait: str, line: str = "") -> None:
                 return
 
 
+def atry_report(sock: str, name: str, wait: str) -> None:
+    """``try_report`` for an asyncio task (an AsyncRLock: grants come through the process's
+    shared subscription)."""
+
+    async def main() -> None:
+        client = aredis.Redis(unix_socket_path=sock)
+        lock = AsyncRLock(client, name)
+        print("waiting " + identity.task_owner(), flush=True)
+        t0 = time.monotonic()
+        got = await lock.try_lock(wait_time=float(wait))
+        print("result " + json.dumps({
+            "got": got, "elapsed": time.monotonic() - t0, "lost": lock.is_lost(),
+            "held": await lock.is_held_by_current_task(),
+            "fields": sorted(f.decode() for f in await client.hkeys(name))}), flush=True)
+        if got:
+            await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+            await lock.unlock()
+            print("unlocked", flush=True)
+
+    asyncio.run(main())
+
+
 if __name__ == "__main__":
-    {"wait_hold": wait_hold, "loop": loop, "try_report": try_report}[sys.argv[1]](*sys.argv[2:])
+    {"wait_hold": wait_hold, "loop": loop, "try_report": try_report,
+     "atry_report": atry_report}[sys.argv[1]](*sys.argv[2:])

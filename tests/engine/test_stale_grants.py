@@ -13,6 +13,7 @@ import signal
 import threading
 import time
 
+import pytest
 import redis
 
 from django_rlock import RLock
@@ -25,7 +26,7 @@ GRANT_LEASE = 1.0  # the frozen heirs' grant lease (their process's pubsub.GRANT
 
 
 def _frozen_heir(r, redis_server, holders, procs, name: str, budget: float,  # noqa: F811
-                 line: bool):
+                 line: bool, mode: str = "try_report"):
     """A thread of ours holds ``name``; a waiter process is in line for it, SIGSTOPped; the
     release grants it the lock; the grant runs out while it is frozen; another owner of ours
     takes the lock; the heir is let go (SIGCONT). Returns (heir process, the new holder, its
@@ -33,8 +34,8 @@ def _frozen_heir(r, redis_server, holders, procs, name: str, budget: float,  # n
     lock = RLock(r, name)
     first = holders()
     first.call(lock.lock)
-    heir = procs("try_report", redis_server.socket, name, str(budget), "line" if line else "",
-                 grant_lease=GRANT_LEASE)
+    args = (redis_server.socket, name, str(budget)) + (("line",) if line else ())
+    heir = procs(mode, *args, grant_lease=GRANT_LEASE)
     owner = heir.expect("waiting").split()[1]
     until(lambda: in_line(r, name) == 1, what="the heir in line")
     os.kill(heir.p.pid, signal.SIGSTOP)
@@ -50,21 +51,23 @@ def _frozen_heir(r, redis_server, holders, procs, name: str, budget: float,  # n
     return heir, second, lock
 
 
+@pytest.mark.parametrize("mode", ["try_report", "atry_report"])
 def test_a_frozen_heir_keeps_waiting_and_takes_the_lock_only_when_it_is_free(
-        r, redis_server, holders, procs):  # noqa: F811
-    heir, second, lock = _frozen_heir(r, redis_server, holders, procs, "frozen:sub", 20.0,
-                                      line=False)
+        r, redis_server, holders, procs, mode):  # noqa: F811
+    name = f"frozen:{mode}"
+    heir, second, lock = _frozen_heir(r, redis_server, holders, procs, name, 20.0,
+                                      line=False, mode=mode)
     # Its grant, read now, is older than its lease: checked, found gone, and it waits on.
     time.sleep(1.5)
     assert heir.p.poll() is None
-    assert len(r.hkeys("frozen:sub")) == 1  # the second owner's field only
+    assert len(r.hkeys(name)) == 1  # the second owner's field only
     second.call(lock.unlock)
     result = json.loads(heir.expect("result", timeout=10).split(" ", 1)[1])
     assert result["got"] and result["held"] and not result["lost"], result
     assert len(result["fields"]) == 1
     heir.send("unlock")
     heir.expect("unlocked")
-    assert not r.exists("frozen:sub")
+    assert not r.exists(name)
 
 
 def test_a_frozen_heir_with_a_wake_line_is_not_told_it_holds_the_lock(
