@@ -9,8 +9,9 @@ test orders critical sections across processes.
 holder: takes ``cfg["lock"]`` in watchdog mode (``cfg["watchdog"]``), prints its owner field,
     logs ``doubt`` (is_lost() first true) and ``told`` (on_lost); on a line on stdin, unlocks
     (logged) and exits.
-looper: ``with lock:`` in a loop until the file ``cfg["stop"]`` exists, each critical section
-    logged (``enter``/``exit``), errors (the failover window) logged and tried again.
+looper: ``with lock:`` (``hold`` seconds inside, then ``pause`` seconds of other work) in a
+    loop until the file ``cfg["stop"]`` exists, each critical section logged
+    (``enter``/``exit``), errors (the failover window) logged and tried again after 50 ms.
 driven: one command a line on stdin, one JSON reply a line on stdout: ``owner``; ``try W``
     (``try_lock(wait_time=W)``: true/false, or the error that ended the wait); ``with H``
     (``with lock:`` holding H seconds, the section logged); ``hold`` (``lock()``, logged
@@ -94,6 +95,7 @@ def looper(cfg: dict[str, Any]) -> None:
     client = _client(cfg)
     lock = _lock(cfg, client)
     hold = cfg.get("hold", 0.01)
+    pause = cfg.get("pause", 0.0)
     print(json.dumps({"owner": identity.thread_owner()}), flush=True)
     while not os.path.exists(cfg["stop"]):
         try:
@@ -101,6 +103,7 @@ def looper(cfg: dict[str, Any]) -> None:
                 log("enter")
                 time.sleep(hold)
                 log("exit")
+            time.sleep(pause)  # other work between critical sections
         except Exception as exc:  # the failover window: tried again
             log("error", error=f"{type(exc).__name__}: {exc}"[:200])
             time.sleep(0.05)
