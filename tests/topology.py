@@ -8,9 +8,15 @@
 
 Sentinel speaks TCP only, so every process gets a loopback port picked at run time (bind port
 0, read it, close it); a process that loses the race for its port exits at once and is started
-again on another. Timings are short (``down_after_ms`` 1000, ``failover_timeout_ms`` 2000) so
-a failover takes a few seconds instead of the production default's half minute. Everything is
-stopped and every temp dir removed on exit, however the test ended.
+again on another. Timings are short enough that a failover takes seconds instead of the
+production default's half minute, and long enough not to flap on a loaded 2-core machine
+(``DOWN_AFTER_MS``, ``FAILOVER_TIMEOUT_MS``). Everything is stopped and every temp dir removed
+on exit, however the test ended.
+
+A failover test must fail loudly on a split brain rather than pass by luck: ``roles()`` reads
+ROLE from every live server, ``assert_one_master()`` raises ``SplitBrainError`` when two of
+them say master (or the sentinels switched master more than expected), and
+``split_brain_watch()`` polls that in the background for the length of a ``with`` block.
 """
 
 from __future__ import annotations
@@ -20,9 +26,11 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, TypeVar
@@ -33,6 +41,22 @@ from redis.sentinel import MasterNotFoundError, Sentinel
 from django_rlock.testing import RedisServer, free_port, redis_server_binary
 
 T = TypeVar("T")
+
+#: Sentinel's down-after: a master that has not answered for this long is subjectively down.
+#: 1000 flapped on a loaded 2-core machine: a sentinel marked the replica it had just promoted
+#: down and promoted another one (two masters for ~11 s). A server that does not answer a PING
+#: for 3 s on loopback is not one a test should fail over from.
+DOWN_AFTER_MS = 3000
+#: Sentinel's failover-timeout: the promotion must be seen within it, and the same master is
+#: not failed over again within twice it. Well above down-after, so a slow promotion under load
+#: is waited for, not aborted and started again on another replica.
+FAILOVER_TIMEOUT_MS = 10000
+
+
+class SplitBrainError(AssertionError):
+    """Two live servers said ``master`` at once, or the sentinels failed over more often than
+    the test caused: the run proves nothing about locks and must fail, not pass by luck."""
+
 
 #: Attempts at a free port before giving up (another process may grab it between our probe
 #: and the server's bind).
@@ -175,7 +199,8 @@ class SentinelTopology(Processes):
     """
 
     def __init__(self, replicas: int = 1, sentinels: int = 3, *, quorum: int = 2,
-                 down_after_ms: int = 1000, failover_timeout_ms: int = 2000,
+                 down_after_ms: int = DOWN_AFTER_MS,
+                 failover_timeout_ms: int = FAILOVER_TIMEOUT_MS,
                  service: str | None = None, binary: str | None = None) -> None:
         self.binary = binary or redis_server_binary()
         self.n_replicas = replicas
@@ -303,8 +328,74 @@ class SentinelTopology(Processes):
             with new.client() as c:
                 return new if c.role()[0] in (b"master", "master") else None
 
-        return _until(promoted, timeout, "a replica promoted by the sentinels",
-                      lambda: self.sentinel_logs())
+        new = _until(promoted, timeout, "a replica promoted by the sentinels",
+                     lambda: self.sentinel_logs())
+        self.assert_one_master()
+        return new
+
+    # -- split brain -------------------------------------------------------------------
+    def roles(self) -> dict[int, str]:
+        """ROLE of every live server, by port (``"?"``: it did not answer within 1 s)."""
+        out: dict[int, str] = {}
+        for s in self.servers:
+            if s.proc is None or s.proc.poll() is not None:
+                continue
+            try:
+                with s.client(socket_timeout=1.0) as c:
+                    role = c.role()[0]
+                out[s.port] = role.decode() if isinstance(role, bytes) else str(role)
+            except (redis.RedisError, OSError):
+                out[s.port] = "?"
+        return out
+
+    def switches(self) -> int:
+        """The most ``+switch-master`` events one sentinel logged: failovers it saw end."""
+        counts = []
+        for s in self.sentinels:
+            try:
+                counts.append(s.log.read_text(errors="replace").count("+switch-master"))
+            except OSError:
+                counts.append(0)
+        return max(counts, default=0)
+
+    def assert_one_master(self, failovers: int | None = None) -> None:
+        """At most one live server says master; with ``failovers``, the sentinels switched
+        master at most that many times (a flap is a second switch). Raises SplitBrainError."""
+        roles = self.roles()
+        masters = [port for port, role in roles.items() if role == "master"]
+        if len(masters) > 1:
+            raise SplitBrainError(f"split brain: {len(masters)} masters {roles}\n"
+                                  f"{self.sentinel_logs()}")
+        if failovers is not None and self.switches() > failovers:
+            raise SplitBrainError(f"the sentinels failed over {self.switches()} times (expected "
+                                  f"at most {failovers}): a flap; roles now {roles}\n"
+                                  f"{self.sentinel_logs()}")
+
+    @contextmanager
+    def split_brain_watch(self, failovers: int = 1, every: float = 0.1) -> Iterator[list[str]]:
+        """Poll ``roles()`` in the background for the block; on leaving it, raise
+        SplitBrainError if two servers ever said master at once, or the sentinels switched
+        master more than ``failovers`` times. Yields the list of what it saw go wrong."""
+        seen: list[str] = []
+        stop = threading.Event()
+
+        def watch() -> None:
+            while not stop.wait(every):
+                roles = self.roles()
+                if sum(1 for r in roles.values() if r == "master") > 1:
+                    seen.append(f"{time.monotonic():.2f}: {roles}")
+
+        t = threading.Thread(target=watch, name="split-brain-watch", daemon=True)
+        t.start()
+        try:
+            yield seen
+        finally:
+            stop.set()
+            t.join(5)
+        if seen:
+            raise SplitBrainError(f"split brain seen {len(seen)} time(s), first {seen[0]}\n"
+                                  f"{self.sentinel_logs()}")
+        self.assert_one_master(failovers)
 
     def sentinel_logs(self, chars: int = 1200) -> str:
         """The tail of every sentinel's log, for a failure message."""

@@ -1,7 +1,8 @@
 """RLock on redis-py's Sentinel client, and through a real Sentinel failover.
 
 The topology (tests/topology.py) is a master, a replica and three sentinels on loopback ports
-picked at run time, with a 1 s down-after: a SIGKILLed master is replaced in a few seconds.
+picked at run time, with a 3 s down-after: a SIGKILLed master is replaced in about 4-5 s
+(``wait_for_failover`` checks the ROLE of every live server: one master).
 """
 
 from __future__ import annotations
@@ -245,6 +246,7 @@ def test_failover_holder_keeps_or_is_told_waiters_follow_and_fencing_holds(tmp_p
                 return True
 
             _until(enough, 30, "waiters taking turns on the new master")
+            topo.assert_one_master(failovers=1)  # a flap or a split brain: fail, loudly
             assert len(subscribers(nc)) == 2  # both waiters resubscribed on the new master
             counter.set("stop", 1)
             errors = {}
