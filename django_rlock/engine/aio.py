@@ -130,7 +130,10 @@ class AsyncRLock(LockBase):
             await self._undo_cancelled(fut, k[2])
             raise
         if ttl is None:
-            self._acquired(k, lease_ms, t0, since=sent)
+            hold = self._acquired(k, lease_ms, t0, since=sent)
+            if time.monotonic() - sent > hold.lease_ms / 2000.0 and not await self._verified(
+                    k, True):
+                return 0  # its reply came after half its lease: not ours any more, try again
             return None
         return int(ttl)
 
@@ -252,14 +255,15 @@ class AsyncRLock(LockBase):
             raise
         self._withdrawn(r)
 
-    async def _verified(self, k: HoldKey) -> bool:
-        doubt = self._grant_doubt(k)
-        if doubt is None:
+    async def _verified(self, k: HoldKey, late: bool = False) -> bool:
+        """``RLock._verified`` for a task."""
+        hold = self._in_doubt(k, late)
+        if hold is None:
             return True
-        hold, ms = doubt
+        keys, args, ms = self._check_args(hold)
         sent = time.monotonic()
-        reply = await acall_once(self._client, RENEW_SCRIPT, (self.key,), (k[2], ms))
-        return self._grant_checked(k, hold, sent, ms, reply)
+        return self._checked(k, hold, sent, ms,
+                             await acall_once(self._client, hold.renew_script, keys, args))
 
     async def _wait(self, k: HoldKey, lease_ms: int | None, wait: float | None,
                     park_until: float, t0: float, token: str | None = None,

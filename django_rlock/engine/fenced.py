@@ -119,6 +119,12 @@ class _Fenced:
         self.token_key = prefix_name(TOKEN_PREFIX, self.key)
         self._acquire_keys = (self.key, self._index, self.token_key)
 
+    def _discarded(self) -> None:
+        # The acquire whose token went into the box did not hold after all (invariant 31).
+        box = _token_box.get()
+        if box:
+            box.pop()
+
     def _ttl_of(self, reply: Any) -> int | None:
         ttl, token = int(reply[0]), int(reply[1])
         if token == -1:  # not acquired; ttl -1 is a holder without expiry, not a grant

@@ -253,34 +253,43 @@ class LockBase(SlotBound):
         the lock by the next release, for a wait that is over (``withdrawals``)."""
         withdrawals.later(self._sync_client, self._wait_keys[3], token, deadline)
 
-    # -- grants that may have run out while their waiter could not run (invariant 31) -------
-    def _grant_doubt(self, k: HoldKey) -> tuple[Any, int] | None:
-        """The hold booked for a grant to this wait and the lease to check it with, if its
-        validity (counted from the earliest moment the grant can have been made) is nearly
-        over: a waiter frozen past its grant lease reads a grant another owner may have
-        replaced. None: the booking stands without a round trip."""
+    # -- holds that may have run out before their owner could run (invariant 31) ----------
+    def _in_doubt(self, k: HoldKey, late: bool = False) -> Any:
+        """The hold just booked for ``k``, if its validity (counted from the earliest moment its
+        lease can have started) is nearly over, or ``late``: the process may have been frozen
+        past it (SIGSTOP, a paused VM), and another owner may hold the lock now. None: the
+        booking stands without a round trip."""
         hold = watchdog().get(k)
-        if hold is None:
+        if hold is None or hold.count != 1:
             return None
-        now = time.monotonic()
-        if hold.valid_until - now > min(GRANT_CHECK_MARGIN, hold.lease_ms / 4000.0):
+        if not late and hold.valid_until - time.monotonic() > min(
+                GRANT_CHECK_MARGIN, hold.lease_ms / 4000.0):
             return None
-        ms = hold.lease_ms if hold.renew else max(1, int((hold.expires_at - now) * 1000))
-        return hold, ms
+        return hold
 
-    def _grant_checked(self, k: HoldKey, hold: Any, sent: float, ms: int, reply: Any) -> bool:
+    def _check_args(self, hold: Any) -> tuple[tuple[Any, ...], tuple[Any, ...], int]:
+        """KEYS, ARGV and lease of the one renewal that checks ``hold`` (its kind's own)."""
+        now = time.monotonic()
+        ms = hold.lease_ms if hold.renew else max(1, int((hold.expires_at - now) * 1000))
+        return (hold.renew_key,), (hold.owner, ms), ms
+
+    def _checked(self, k: HoldKey, hold: Any, sent: float, ms: int, reply: Any) -> bool:
         """Book the check's reply: still ours (its lease set again from ``sent``), or gone, and
         then never held as far as the caller is told."""
         if reply and int(reply[0]):
             watchdog().confirmed(k, hold, sent, ms)
             return True
         if watchdog().discard(k, hold):
-            logger.info("django-rlock: a grant of %r to %s ran out before its waiter could take "
-                        "it (the process did not run); waiting on", self.name, k[2])
+            self._discarded()
+            logger.info("django-rlock: %r ran out for %s before it could run (the process was "
+                        "stopped or paused); never held, waiting on", self.name, k[2])
             if events.listeners:
                 events.emit("lost", name=self.name, key=self.key, label=self.label, owner=k[2],
-                            held=0.0, how="its grant ran out before its waiter ran")
+                            held=0.0, how="it ran out before its owner could run")
         return False
+
+    def _discarded(self) -> None:
+        """A kind's own bookkeeping of an acquire that turned out not to hold (invariant 31)."""
 
     def _force_args(self) -> tuple[Any, ...]:
         return (UNLOCK_MESSAGE,)
@@ -484,7 +493,7 @@ class LockBase(SlotBound):
                 if token is not None:
                     # Granted to a registered waiter: if it is one of ours, it owns the lock
                     # now (its grant message, when it comes, finds it served).
-                    mgr.granted(self._channel, token)
+                    mgr.granted(self._channel, token, plan.sent)
             finally:
                 # Always settled, or the heir would wait for the outcome forever. An unknown
                 # outcome (r None) is "not granted": the heir's own claim finds out. Not
@@ -668,7 +677,9 @@ class RLock(LockBase):
                           self._release_args(k[2], args[0]))
                 raise err
         if ttl is None:
-            self._acquired(k, lease_ms, t0, since=sent)
+            hold = self._acquired(k, lease_ms, t0, since=sent)
+            if time.monotonic() - sent > hold.lease_ms / 2000.0 and not self._verified(k, True):
+                return 0  # its reply came after half its lease: not ours any more, try again
             return None
         return int(ttl)
 
@@ -708,14 +719,16 @@ class RLock(LockBase):
                 park_until = time.monotonic() + (waiting.park_timeout(ttl, deadline) or 3600.0)
         return self._wait(k, lease_ms, wait, park_until, t0, token, registered, deadline, line)
 
-    def _verified(self, k: HoldKey) -> bool:
-        doubt = self._grant_doubt(k)
-        if doubt is None:
+    def _verified(self, k: HoldKey, late: bool = False) -> bool:
+        """True unless the hold just booked for ``k`` is found gone by one renewal, sent only
+        when it is in doubt (``_in_doubt``); then it is unbooked (invariant 31)."""
+        hold = self._in_doubt(k, late)
+        if hold is None:
             return True
-        hold, ms = doubt
+        keys, args, ms = self._check_args(hold)
         sent = time.monotonic()
-        reply = call_once(self._client, RENEW_SCRIPT, (self.key,), (k[2], ms))
-        return self._grant_checked(k, hold, sent, ms, reply)
+        return self._checked(k, hold, sent, ms,
+                             call_once(self._client, hold.renew_script, keys, args))
 
     def _wait(self, k: HoldKey, lease_ms: int | None, wait: float | None,
               park_until: float, t0: float, token: str | None = None, registered: bool = False,

@@ -597,10 +597,11 @@ class PubSubManager:
         w.granted = True
         return True
 
-    def granted(self, channel: bytes, token: Any) -> None:
+    def granted(self, channel: bytes, token: Any, since: float | None = None) -> None:
         """A release (ours, or another process's, through the grant channel) granted the lock
         to ``token``: if the waiter is ours, it owns the lock now, without a command. Each grant
-        is taken once, whichever way it arrives first (the reply, the message, a claim)."""
+        is taken once, whichever way it arrives first (the reply, the message, a claim).
+        ``since``: our own release's send time (else the grant counts from the wait's start)."""
         if isinstance(token, str):
             token = token.encode()
         now = time.monotonic()
@@ -622,7 +623,7 @@ class PubSubManager:
             ch.grant_watch = 0.0
             if w.granted or w.reserved:
                 return  # taken already; or our own release's heir, which ``resolve`` settles
-            self._take_grant(ch, w, w.grant_ms)
+            self._take_grant(ch, w, w.grant_ms, since)
 
     def confirmation(self, slot: Slot, loop: asyncio.AbstractEventLoop) -> asyncio.Future[None] | None:
         """A future resolved when the slot's subscription is confirmed (None: it already is).

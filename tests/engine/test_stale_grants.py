@@ -139,3 +139,31 @@ def test_a_withdrawal_whose_round_trip_failed_is_sent_again(r, redis_server, hol
     until(lambda: in_line(r, name) == 0, timeout=6, what="the entry withdrawn at last")
     until(lambda: withdrawals.pending() == 0, timeout=3, what="nothing left to withdraw")
     waiter_client.close()
+
+
+def test_an_acquire_whose_reply_came_after_its_lease_is_not_a_hold(r, redis_server, holders):
+    """The acquire ran, but its reply reached the owner only after the lease it set had run
+    out and another owner took the lock (a process frozen between send and read, a stalled
+    network): one renewal checks it, and the caller is told it did not get the lock."""
+    from tests.faultproxy import FaultProxy
+
+    proxy = FaultProxy(redis_server.socket)
+    slow = redis.Redis(port=proxy.port)
+    try:
+        late, waiter = RLock(slow, "stale:late", watchdog_timeout=1.0), holders()
+        warm = RLock(slow, "stale:warm")
+        waiter.call(lambda: warm.try_lock() and warm.unlock())  # its thread's connection made
+        proxy.delay_next_reply = 1.6
+        attempt = waiter.submit(late.try_lock)
+        until(lambda: r.exists("stale:late"), what="the acquire run on the server")
+        until(lambda: not r.exists("stale:late"), timeout=3, what="its 1 s lease run out")
+        other, owner = holders(), None
+        assert other.call(RLock(r, "stale:late").try_lock)
+        owner = other.call(identity.thread_owner)
+        assert attempt(10) is False  # before the fix: True, with another owner in the hash
+        assert r.hkeys("stale:late") == [owner.encode()]
+        assert not late.is_lost()  # it never held it, so it lost nothing
+        other.call(RLock(r, "stale:late").unlock)
+    finally:
+        slow.close()
+        proxy.close()
