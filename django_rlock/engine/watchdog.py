@@ -2,13 +2,18 @@
 
 Every hold (a key held by one owner of this process) has a record here: its local hold
 count, the lease in force, and, in watchdog mode, when it is next due for renewal. One
-daemon thread per process renews every due hold in a few round trips (one pipeline of
-batched RENEW scripts per Redis server), whatever the number of locks.
+daemon thread per process (the sweep) takes the due holds off a timeline
+(``renewal.Timeline``) and queues them per Redis server; one drain per server, on a pool
+thread, sends them in pipelines of batched RENEW scripts, at most ``PIPELINE_HOLDS`` holds
+each, until its queue is empty.
 
-Scheduling: a hold is renewed when it is at most ``period / 2`` from due, so holds acquired
-at scattered times fall into the same sweep and a period costs two wake-ups at most. The
-TTL never drops below ``watchdog_timeout - period`` (two thirds of it) while the process
-lives; when it dies nothing renews and the lock expires within ``watchdog_timeout``.
+Scheduling: the sweep sleeps until the earliest due time, then takes every hold at most its
+slack (``period / 2``) from due, so holds acquired at scattered times fall into the same
+batch and a period costs two wake-ups at most; neither a sweep nor an acquire looks at the
+holds that are not due. The TTL stays above ``watchdog_timeout - period`` (two thirds of
+it) while the process lives and keeps up; when it dies nothing renews and the lock expires
+within ``watchdog_timeout``. A renewal sent with less than a sixth of its lease left is
+counted and reported (a rate-limited WARNING): the process holds more than it can renew.
 
 A hold whose thread has ended is not renewed but released at its next due time (a WARNING
 names the lock and the thread): nobody can ever unlock it, since owner ids are never reused.
@@ -21,20 +26,16 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from redis.crc import key_slot
 from redis.exceptions import AskError, MovedError, NoScriptError
 
 from . import events, identity, replicas
 from .clients import cluster_of, is_cluster_node, node_client, refresh
+from .renewal import Lateness, Scheduler, renew_calls
 from .scripts import FORCE_UNLOCK_OWNER_SCRIPT, RENEW_SCRIPT, Script
 
 logger = logging.getLogger("django_rlock")
-
-#: Keys per RENEW script. A script blocks Redis while it runs; 250 keys take well under 1 ms.
-RENEW_BATCH = 250
 
 #: Lost holds remembered for ``is_lost()`` until the owner acquires or releases again.
 _MAX_LOST = 10_000
@@ -71,10 +72,6 @@ def server_id(client: Any) -> tuple[Any, ...]:
     return ident
 
 
-def _slot(key: Any) -> int:
-    return key_slot(key.encode() if isinstance(key, str) else key)
-
-
 def _follow(group: list[Hold], exc: Exception) -> bool:
     """After a failed renewal on a cluster node: refresh the slot map and send each hold's next
     renewal to its slot's master now (a migration or failover moved it; ASK waits for MOVED).
@@ -97,7 +94,7 @@ class Hold:
     __slots__ = ("client", "server", "key", "name", "owner", "count", "lease_ms", "renew",
                  "period", "due", "lost", "on_lost", "expires_at", "thread", "since", "label",
                  "scripts_keys", "valid_until", "renew_script", "renew_key", "end_script",
-                 "end_args", "top_up_ms", "slack")
+                 "end_args", "top_up_ms", "slack", "queued", "ending", "late_at")
 
     def __init__(self, client: Any, server: tuple[Any, ...], key: str, name: str, owner: str) -> None:
         self.client = client
@@ -131,6 +128,11 @@ class Hold:
         #: How early (s) a sweep may renew it, to batch it with others: half a period,
         #: except for a first renewal brought forward by a short grant lease.
         self.slack = 0.0
+        self.queued = False         # in its server's renewal queue
+        self.ending = False         # its owner thread ended: queued to be released
+        #: Sent after this (monotonic), a renewal is late: less than a sixth of the lease in
+        #: force is left (set when the sweep takes it).
+        self.late_at = float("inf")
 
 
 HoldKey = tuple[tuple[Any, ...], str, str]
@@ -162,14 +164,13 @@ class Watchdog:
         self._wakeup = threading.Condition(self._lock)
         self._holds: dict[HoldKey, Hold] = {}
         self._lost: dict[HoldKey, Hold] = {}
-        self._thread: threading.Thread | None = None
-        self._wake_at = float("inf")
-        self._stopped = False
-        self._pool: ThreadPoolExecutor | None = None  # renews each server on its own thread
-        self._inflight: set[tuple[Any, ...]] = set()  # servers whose renewal is under way
+        #: The sweep thread, the holds' due times and each server's queue and drain.
+        self._sched = Scheduler(self._wakeup, self._holds, self._send, server_id)
         #: Round trips and renewed keys since start (read by tests and the benchmark).
         self.round_trips = 0
         self.renewed = 0
+        #: Renewals sent with less than a sixth of their lease left (``late.total``).
+        self.late = Lateness()
 
     # -- called by lock owners --------------------------------------------------------
     def get(self, k: HoldKey) -> Hold | None:
@@ -209,32 +210,33 @@ class Watchdog:
                 self._lost.pop(k, None)
             hold.count += 1
             hold.on_lost = on_lost
+            due: float | None = None
+            slack = 0.0  # a lease hold is forgotten once its lease is over, never before
             if renew and not hold.renew:
                 hold.renew = True
                 hold.period = watchdog_timeout / 3.0
-                hold.due = base + hold.period
-                hold.slack = hold.period / 2
+                due = base + hold.period
+                slack = hold.slack = hold.period / 2
             # The lease a partial release re-applies: a renewed hold stays in watchdog mode.
             hold.lease_ms = int(hold.period * 3000) if hold.renew else lease_ms
             if not hold.renew:
                 # A grant's own lease starts when it is read (its top-up sets the rest); its
                 # validity is still counted from ``base`` below.
                 hold.expires_at = (now if grant_ms is not None else base) + lease_ms / 1000.0
-                hold.due = hold.expires_at + 1.0
+                due = hold.expires_at + 1.0
             if grant_ms is not None and grant_ms < hold.lease_ms and hold.count == 1:
                 # Renewed between a third and a half of the way through the grant lease: never
                 # at once (a short hold is released long before, and costs nothing more).
                 if not hold.renew:
                     hold.top_up_ms = 1  # the rest of its own lease, worked out when due
-                hold.due = base + grant_ms / 2000.0
-                hold.slack = grant_ms / 6000.0
+                due = base + grant_ms / 2000.0
+                slack = hold.slack = grant_ms / 6000.0
                 hold.valid_until = base + grant_ms / 1000.0
             else:
                 hold.valid_until = max(hold.valid_until, base + hold.lease_ms / 1000.0)
-            if self._thread is None:
-                self._start()
-            elif hold.due < self._wake_at:
-                self._wakeup.notify()
+            if due is not None:
+                self._sched.schedule(hold, due, slack)
+            self._sched.start()
             return hold
 
     def confirmed(self, k: HoldKey, hold: Hold, sent: float, lease_ms: int) -> None:
@@ -246,8 +248,9 @@ class Watchdog:
             hold.top_up_ms = 0
             hold.valid_until = max(hold.valid_until, sent + lease_ms / 1000.0)
             if hold.renew:
-                hold.due = max(hold.due, sent + hold.period)
                 hold.slack = hold.period / 2
+                if sent + hold.period > hold.due:
+                    self._sched.schedule(hold, sent + hold.period, hold.slack)
 
     def discard(self, k: HoldKey, hold: Hold) -> bool:
         """Drop a hold booked for a grant that Redis no longer has (it ran out while its heir
@@ -266,6 +269,7 @@ class Watchdog:
             hold.count -= 1
             if fully or hold.count <= 0:
                 del self._holds[k]
+                self._sched.released()
 
     def forget(self, k: HoldKey) -> None:
         with self._lock:
@@ -310,89 +314,21 @@ class Watchdog:
         return sum(1 for h in list(self._holds.values()) if h.renew)
 
     # -- the thread -------------------------------------------------------------------
-    def _start(self) -> None:
-        t = threading.Thread(target=self._run, name="django-rlock-watchdog", daemon=True)
-        self._thread = t
-        t.start()
+    def _send(self, group: list[Hold], ended: list[Hold], behind: int) -> None:
+        """(On a pool thread.) One batch of a server's queue: renew ``group``, release
+        ``ended`` (the holds of threads that ended); ``behind`` more wait in the queue."""
+        if group:
+            self._renew_group(group, behind=behind)
+        if ended:
+            self._release_dead(ended)
 
-    def _run(self) -> None:
-        while True:
-            with self._lock:
-                if self._stopped:
-                    return
-                now = time.monotonic()
-                due: list[Hold] = []
-                dead: list[Hold] = []
-                drop: list[HoldKey] = []
-                next_at = float("inf")
-                for k, h in self._holds.items():
-                    if h.renew:
-                        if h.due - h.slack <= now:
-                            if h.thread is not None and not h.thread.is_alive():
-                                dead.append(h)  # dropped when its release is handed out
-                                continue
-                            due.append(h)
-                            h.due = now + h.period
-                            h.slack = h.period / 2
-                        next_at = min(next_at, h.due)
-                    elif h.due <= now and h.top_up_ms:
-                        # Granted with a short lease: its own lease from now on, once (a
-                        # little longer than asked, by the grant's delivery time).
-                        due.append(h)
-                        h.top_up_ms = max(1, int((h.expires_at - now) * 1000))
-                        h.due = h.expires_at + 1.0
-                        next_at = min(next_at, h.due)
-                    elif h.due <= now:
-                        drop.append(k)  # a lease hold that has expired: forget it
-                    else:
-                        next_at = min(next_at, h.due)
-                for k in drop:
-                    del self._holds[k]
-                if not due and not dead:
-                    self._wake_at = next_at
-                    self._wakeup.wait(None if next_at == float("inf") else max(0.0, next_at - now))
-                    self._wake_at = 0.0
-                    continue
-            self._renew(due, dead)
-
-    def _renew(self, holds: list[Hold], ended: list[Hold]) -> None:
-        """Hand each server's renewals, and its releases of ended threads' holds, to a pool
-        thread and return at once: a server that is down (a client's connect retries and
-        timeouts: seconds) must never delay the sweeps of the others past their lease. A
-        server whose last batch is still in flight is tried again a second later."""
-        by_server: dict[tuple[Any, ...], tuple[list[Hold], list[Hold]]] = {}
-        for i, part in enumerate((holds, ended)):
-            for h in part:  # by the server they go to (on a cluster: the slot's master now)
-                by_server.setdefault(server_id(h.client), ([], []))[i].append(h)
-        for server, (group, dead) in by_server.items():
-            with self._lock:
-                if server in self._inflight:  # soon, and well inside every lease
-                    now = time.monotonic()
-                    for h in group + dead:
-                        h.due = min(h.due, now + min(1.0, h.period / 4) + h.period / 2)
-                    continue
-                self._inflight.add(server)
-                for h in dead:
-                    if self._holds.get(k := (h.server, h.key, h.owner)) is h:
-                        del self._holds[k]
-                if self._pool is None:
-                    self._pool = ThreadPoolExecutor(max_workers=8,
-                                                    thread_name_prefix="django-rlock-renew")
-            self._pool.submit(self._renew_server, server, group, dead)
-
-    def _renew_server(self, server: tuple[Any, ...], group: list[Hold],
-                      dead: list[Hold]) -> None:
-        try:
-            if group:
-                self._renew_group(group)
-            if dead:
-                self._release_dead(dead)
-        finally:
-            with self._lock:
-                self._inflight.discard(server)
-
-    def _renew_group(self, group: list[Hold], moved: bool = False) -> None:
+    def _renew_group(self, group: list[Hold], moved: bool = False, behind: int = 0) -> None:
         sent = time.monotonic()
+        late = [h for h in group if sent > h.late_at]
+        if late:
+            self.late.note(len(late), sum(1 for h in late if sent > h.valid_until),
+                           min(h.valid_until - sent for h in late), len(self._holds), behind,
+                           group[0].server)
         try:
             results, synced = self._renew_on(group[0].client, group)
         except Exception as exc:  # never let the thread die; retry soon, not a period later
@@ -413,9 +349,10 @@ class Watchdog:
                            len(group), type(exc).__name__, exc,
                            "retrying" if len(gone) < len(group) else "their leases are over")
             with self._lock:
-                for h in group:
-                    h.due = min(h.due, now + min(1.0, h.period / 4) + h.period / 2)
-                self._wakeup.notify()  # the sweep may be asleep past the retry time
+                for h in group:  # soon, and well inside every lease (the sweep wakes for it)
+                    retry = now + min(1.0, h.period / 4)
+                    if retry < h.due and self._holds.get((h.server, h.key, h.owner)) is h:
+                        self._sched.schedule(h, retry, 0.0)
             for h in gone:
                 self._mark_lost(h, "could not be renewed before its lease ran out")
             return
@@ -429,26 +366,7 @@ class Watchdog:
         """Renew every hold of one server in one pipeline (with WAIT behind, on a master with
         replicas): a batched script per kind. Returns the per-hold results, in ``group``
         order, and whether the renewals reached a replica."""
-        # On a cluster node a script's keys must share a slot: a batch per slot there, still
-        # all in the one pipeline (one round trip per node and period).
-        per_slot = is_cluster_node(client)
-        by_script: dict[Any, list[Hold]] = {}
-        for h in group:
-            batch = (h.renew_script.sha, _slot(h.renew_key)) if per_slot else h.renew_script.sha
-            by_script.setdefault(batch, []).append(h)
-        calls = []
-        order: list[Hold] = []
-        for holds in by_script.values():
-            for i in range(0, len(holds), RENEW_BATCH):
-                chunk = holds[i:i + RENEW_BATCH]
-                args: list[Any] = []
-                for h in chunk:
-                    args.append(h.owner)
-                    args.append(int(h.period * 3000) or h.top_up_ms)
-                    h.top_up_ms = 0
-                calls.append((chunk[0].renew_script, tuple(h.renew_key for h in chunk),
-                              tuple(args)))
-                order.extend(chunk)
+        calls, order = renew_calls(group, is_cluster_node(client), time.monotonic())
         replicas_now = _replicas(client, group[0].server)
         # Never wait on replicas longer than a third of the shortest period: the pipeline's
         # RENEW already ran, and the next sweep must not find this server still busy.

@@ -1,0 +1,401 @@
+"""The watchdog's schedule: holds by due time, each server's queue of holds to renew, the
+scripts a batch sends, and the warning that renewals run late.
+
+``Timeline`` keeps the holds in buckets of ``GRAIN`` seconds (a due time is rounded down to
+one: a renewal at most that much early), with a heap of bucket times: scheduling a hold is
+a dict lookup and a list append (a heap push only for a new bucket), and the sweep pops
+whole buckets, so neither an acquire nor a sweep ever looks at the holds that are not due.
+Entries are never removed when a hold is released or rescheduled: the watchdog skips an
+entry whose hold is no longer registered or whose due time is another bucket's, and
+rebuilds the timeline when stale entries outnumber the holds (``stale``).
+
+``Queues`` holds, per server, the holds taken off the timeline and not sent yet, in due
+order; the watchdog's drain of a server sends them in bounded pipelines until none is left.
+
+This module imports nothing of the watchdog's: the watchdog decides what an entry means.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from redis.crc import key_slot
+
+logger = logging.getLogger("django_rlock")
+
+#: Keys per RENEW script. A script blocks Redis while it runs; 250 keys take well under 1 ms.
+RENEW_BATCH = 250
+
+#: Holds per renewal pipeline (a server's queue goes out in pipelines of at most this many,
+#: one after the other): a due hold waits behind one such pipeline at most, never behind
+#: the whole backlog of a server.
+PIPELINE_HOLDS = 1000
+
+#: Holds the sweep takes off the timeline per hold of the watchdog's lock (acquires run
+#: between two takes).
+TAKE_LIMIT = 1000
+
+#: Due times are rounded down to this (seconds): holds due within one grain share a bucket.
+GRAIN = 0.01
+
+#: At most one lateness WARNING per this many seconds (with the counts since the last one).
+WARN_EVERY = 10.0
+
+
+class _Bucket:
+    __slots__ = ("items", "slack")
+
+    def __init__(self, slack: float) -> None:
+        self.items: list[Any] = []
+        self.slack = slack  # the least slack of its items: how early it may be taken
+
+
+class Timeline:
+    """Items by due time. Not thread-safe: the watchdog calls it under its lock."""
+
+    def __init__(self) -> None:
+        self._buckets: dict[float, _Bucket] = {}
+        self._times: list[float] = []  # a heap of the bucket times
+        #: Entries held, stale ones included.
+        self.entries = 0
+
+    def add(self, item: Any, due: float, slack: float) -> float:
+        """Schedule ``item`` at ``due`` (it may be taken up to ``slack`` s before); returns the
+        bucket time it went to, the item's due time from now on."""
+        t = math.floor(due / GRAIN) * GRAIN
+        b = self._buckets.get(t)
+        if b is None:
+            b = self._buckets[t] = _Bucket(slack)
+            heapq.heappush(self._times, t)
+        elif slack < b.slack:
+            b.slack = slack
+        b.items.append(item)
+        self.entries += 1
+        return t
+
+    def add_many(self, items: list[Any], due: float, slack: float) -> None:
+        """``add`` for items due together (a sweep's renewals); sets each item's ``due``."""
+        t = math.floor(due / GRAIN) * GRAIN
+        b = self._buckets.get(t)
+        if b is None:
+            b = self._buckets[t] = _Bucket(slack)
+            heapq.heappush(self._times, t)
+        elif slack < b.slack:
+            b.slack = slack
+        b.items.extend(items)
+        self.entries += len(items)
+        for item in items:
+            item.due = t
+
+    def next_at(self) -> float:
+        """The earliest bucket time (inf: nothing scheduled)."""
+        return self._times[0] if self._times else math.inf
+
+    def pop(self, now: float, limit: int) -> tuple[float, list[Any]] | None:
+        """Up to ``limit`` entries of the earliest bucket, if it is due or within its slack
+        of due at ``now``; None otherwise. A later bucket within its own slack waits for
+        this one (at the latest for its own due time)."""
+        if not self._times:
+            return None
+        t = self._times[0]
+        b = self._buckets[t]
+        if t - b.slack > now:
+            return None
+        if len(b.items) <= limit:
+            heapq.heappop(self._times)
+            del self._buckets[t]
+            self.entries -= len(b.items)
+            return t, b.items
+        part = b.items[-limit:]
+        del b.items[-limit:]
+        self.entries -= len(part)
+        return t, part
+
+    def stale(self, live: int) -> bool:
+        """Whether entries of released or rescheduled items outnumber the live ones enough
+        to be worth a rebuild (linear in the live ones, so amortised over the stale)."""
+        return self.entries > 2 * live + 10_000
+
+
+class Lateness:
+    """Counts renewals sent late and says so, at most every ``WARN_EVERY`` seconds."""
+
+    def __init__(self) -> None:
+        self.late = 0          # since the last warning
+        self.expired = 0       # of which sent after their last confirmed lease had ended
+        self.worst = math.inf  # the least lease left at a send (negative: past its end)
+        self.total = 0         # since start (read by tests and the benchmark)
+        self._warned = -math.inf
+        self._since = 0.0      # the first late renewal since the last warning
+
+    def note(self, late: int, expired: int, worst_left: float, holds: int, queued: int,
+             server: Any) -> None:
+        """``late`` renewals were just sent with less than a sixth of their lease left
+        (``expired`` of them after it); ``holds`` registered, ``queued`` still waiting."""
+        now = time.monotonic()
+        if not self.late:
+            self._since = now
+        self.late += late
+        self.expired += expired
+        self.total += late
+        self.worst = min(self.worst, worst_left)
+        if now - self._warned < WARN_EVERY:
+            return
+        self._warned = now
+        logger.warning(
+            "django-rlock: %d lock renewal(s) went out late in the last %.1f s: less than a sixth "
+            "of their lease left, %d after it had run out (the worst %.2f s %s its end); this "
+            "process holds %d lock(s) and %d renewal(s) are queued for %s. It holds more "
+            "than it can renew in time: locks may be lost (raise watchdog_timeout, or spread "
+            "the holds over processes or servers)",
+            self.late, now - self._since, self.expired,
+            abs(self.worst), "before" if self.worst >= 0 else "past", holds, queued, server)
+        self.late = self.expired = 0
+        self.worst = math.inf
+
+
+class Queues:
+    """Per server, the holds to send, in the order they fell due; and which servers have a
+    drain under way. Not thread-safe: the watchdog calls it under its lock."""
+
+    def __init__(self) -> None:
+        self._queues: dict[Any, deque[Any]] = {}
+        self._draining: set[Any] = set()
+
+    def put(self, server: Any, item: Any) -> bool:
+        """Queue ``item``; True if ``server`` has no drain under way (the caller starts one)."""
+        q = self._queues.get(server)
+        if q is None:
+            q = self._queues[server] = deque()
+        q.append(item)
+        if server in self._draining:
+            return False
+        self._draining.add(server)
+        return True
+
+    def take(self, server: Any, limit: int) -> tuple[list[Any], int]:
+        """The next (at most ``limit``) items of ``server`` and how many stay queued behind
+        them; none: the drain is over (the next ``put`` starts another)."""
+        q = self._queues.get(server)
+        if not q:
+            self._queues.pop(server, None)
+            self._draining.discard(server)
+            return [], 0
+        return [q.popleft() for _ in range(min(len(q), limit))], len(q)
+
+    def abandon(self, server: Any) -> None:
+        """A drain ended abnormally: the next ``put`` starts another."""
+        self._draining.discard(server)
+
+
+def renew_calls(group: list[Any], per_slot: bool, now: float) -> tuple[list[Any], list[Any]]:
+    """The (script, keys, args) calls that renew ``group``: batches of ``RENEW_BATCH`` holds
+    per renew script (per script and slot on a cluster node, ``per_slot``: a script's keys
+    must share a slot), each key with its owner and lease (a watchdog-mode hold's full lease;
+    a lease hold's top-up, the rest of its own lease from ``now``). Returns the calls and the
+    holds in reply order."""
+    by_script: dict[Any, list[Any]] = {}
+    for h in group:
+        sha = h.renew_script.sha
+        batch = (sha, key_slot(h.renew_key.encode() if isinstance(h.renew_key, str)
+                               else h.renew_key)) if per_slot else sha
+        by_script.setdefault(batch, []).append(h)
+    calls = []
+    order: list[Any] = []
+    for holds in by_script.values():
+        for i in range(0, len(holds), RENEW_BATCH):
+            chunk = holds[i:i + RENEW_BATCH]
+            args: list[Any] = []
+            for h in chunk:
+                args.append(h.owner)
+                args.append(int(h.period * 3000) or max(1, int((h.expires_at - now) * 1000)))
+                h.top_up_ms = 0
+            calls.append((chunk[0].renew_script, tuple(h.renew_key for h in chunk),
+                          tuple(args)))
+            order.extend(chunk)
+    return calls, order
+
+
+class Scheduler:
+    """The sweep thread, the holds' due times, and each server's queue and drain.
+
+    ``cond`` is the watchdog's lock (as a condition) and guards ``holds`` (the watchdog's
+    registry, read here) and everything here; ``send(group, ended, behind)`` renews
+    ``group`` and releases ``ended`` on a pool thread, ``behind`` more queued behind them;
+    ``route(client)`` names the server a hold's client goes to (one queue per server).
+    Items are the watchdog's holds: keyed ``(server, key, owner)`` in ``holds``, with
+    ``due``, ``slack``, ``period``, ``renew``, ``thread``, ``top_up_ms``, ``expires_at``,
+    ``valid_until``, ``late_at``, ``queued``, ``ending`` and ``client``.
+    """
+
+    def __init__(self, cond: threading.Condition, holds: dict[Any, Any],
+                 send: Callable[[list[Any], list[Any], int], None],
+                 route: Callable[[Any], Any]) -> None:
+        self._cond = cond
+        self._holds = holds
+        self._send = send
+        self._route = route
+        self._timeline = Timeline()  # every hold's next due time (renewal, top-up, forgetting)
+        self._queues = Queues()
+        self._pool: ThreadPoolExecutor | None = None  # drains each server on its own thread
+        self._thread: threading.Thread | None = None
+        self._wake_at = math.inf  # when the sleeping sweep wakes (0: it is not asleep)
+        self.stopped = False
+
+    def schedule(self, hold: Any, due: float, slack: float) -> None:
+        """(Under the lock.) ``hold`` is next due at ``due``; the sweep wakes for it if it
+        sleeps past that."""
+        hold.due = self._timeline.add(hold, due, slack)
+        if hold.due < self._wake_at:
+            self._cond.notify()
+
+    def start(self) -> None:
+        """(Under the lock.) Start the sweep thread, once."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="django-rlock-watchdog",
+                                            daemon=True)
+            self._thread.start()
+
+    def released(self) -> None:
+        """(Under the lock.) A hold was dropped: its entries are stale."""
+        if self._wake_at and self._timeline.stale(len(self._holds)):
+            self._cond.notify()  # the sleeping sweep drops them
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                if self.stopped:
+                    return
+                if self._timeline.stale(len(self._holds)):
+                    self._rebuild()
+                now = time.monotonic()
+                start, more = self._take(now)
+                if not start and not more:
+                    next_at = self._timeline.next_at()
+                    self._wake_at = next_at
+                    self._cond.wait(None if next_at == float("inf") else max(0.0, next_at - now))
+                    self._wake_at = 0.0
+                    continue
+                if start and self._pool is None:
+                    self._pool = ThreadPoolExecutor(max_workers=8,
+                                                    thread_name_prefix="django-rlock-renew")
+            for server in start:
+                self._pool.submit(self._drain, server)  # type: ignore[union-attr]
+            if more:
+                time.sleep(0)  # let the acquires waiting on the lock in before the next take
+
+    def _take(self, now: float) -> tuple[list[tuple[Any, ...]], bool]:
+        """(Under the lock.) Take up to ``TAKE_LIMIT`` due holds off the timeline: queue each
+        for its server (a renewal, a top-up, the release of an ended thread's hold) and
+        schedule its next due time; forget the lease holds whose lease is over. Returns the
+        servers whose drain must start, and whether more may be due."""
+        start: list[Any] = []
+        holds = self._holds
+        routes: dict[int, Any] = {}  # per client (a take's holds mostly share a few)
+        alive: dict[int, bool] = {}  # per owner thread
+        renewed: dict[float, list[Any]] = {}  # per period: due again at now + period
+        taken = 0
+        more = True
+        while taken < TAKE_LIMIT:
+            got = self._timeline.pop(now, TAKE_LIMIT - taken)
+            if got is None:
+                more = False
+                break
+            t, entries = got
+            taken += len(entries)
+            for h in entries:
+                k = (h.server, h.key, h.owner)
+                if h.due != t or holds.get(k) is not h:
+                    continue  # released, or rescheduled since this entry was made
+                h.due = -1.0  # taken: a second entry of it is stale from now on
+                if h.renew:
+                    th = h.thread
+                    if th is not None:
+                        ok = alive.get(id(th))
+                        if ok is None:
+                            ok = alive[id(th)] = th.is_alive()
+                        if not ok:
+                            del holds[k]  # released in its server's next pipeline
+                            h.ending = True
+                            self._enqueue(h, start, routes)
+                            continue
+                    h.late_at = h.valid_until - h.slack
+                    h.slack = h.period / 2
+                    same = renewed.get(h.period)
+                    if same is None:
+                        renewed[h.period] = [h]
+                    else:
+                        same.append(h)
+                    self._enqueue(h, start, routes)
+                elif h.top_up_ms:
+                    # Granted with a short lease: its own lease from then on, once (a little
+                    # longer than asked, by the grant's delivery time).
+                    h.late_at = h.valid_until - h.slack
+                    self.schedule(h, h.expires_at + 1.0, 0.0)
+                    self._enqueue(h, start, routes)
+                elif now >= h.expires_at:
+                    del holds[k]  # a lease hold that has expired: forget it
+                else:
+                    self.schedule(h, h.expires_at + 1.0, 0.0)
+        for period, same in renewed.items():
+            self._timeline.add_many(same, now + period, period / 2)
+        return start, more
+
+    def _enqueue(self, h: Any, start: list[Any], routes: dict[int, Any]) -> None:
+        """(Under the lock.) Queue ``h`` for the server it goes to now (on a cluster: its
+        slot's master), in due order; a hold still queued from its last due time keeps its
+        place."""
+        if h.queued:
+            return
+        h.queued = True
+        server = routes.get(id(h.client))
+        if server is None:
+            server = routes[id(h.client)] = self._route(h.client)
+        if self._queues.put(server, h):
+            start.append(server)
+
+    def _rebuild(self) -> None:
+        """(Under the lock.) A timeline of the registered holds alone, at their due times."""
+        self._timeline = Timeline()
+        for h in self._holds.values():
+            live = h.renew or h.top_up_ms
+            self.schedule(h, h.due, h.slack if live else 0.0)
+
+    def _drain(self, server: tuple[Any, ...]) -> None:
+        """Send ``server``'s queue in pipelines of at most ``PIPELINE_HOLDS`` holds until it is
+        empty (on a pool thread: a server that is down, its connect retries and timeouts
+        seconds long, never delays the others). Holds that fall due meanwhile queue behind and
+        go out in the next pipeline, in due order: a busy server never postpones them."""
+        done = False
+        try:
+            while True:
+                with self._cond:
+                    batch, behind = self._queues.take(server, PIPELINE_HOLDS)
+                    if not batch:
+                        done = True
+                        return
+                    group: list[Any] = []
+                    dead: list[Any] = []
+                    for h in batch:
+                        h.queued = False
+                        if h.ending:
+                            dead.append(h)
+                        elif (h.renew or h.top_up_ms) and self._holds.get(
+                                (h.server, h.key, h.owner)) is h:
+                            group.append(h)
+                try:
+                    self._send(group, dead, behind)
+                except Exception:  # never leave the server marked as draining
+                    logger.exception("django-rlock: renewal of %d lock(s) failed", len(group))
+        finally:
+            if not done:
+                with self._cond:
+                    self._queues.abandon(server)
