@@ -17,7 +17,8 @@ import os
 import sys
 
 from tests.faults.checker import check, format_summary
-from tests.faults.harness import FAULT_KINDS, FaultRun, cleanup
+from tests.faults.harness import ROUND, FaultRun, cleanup
+from tests.faults.worker import KINDS
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,7 +28,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=3)
     ap.add_argument("--threads", type=int, default=3)
     ap.add_argument("--lease", type=float, default=2.0, help="watchdog_timeout of every lock")
-    ap.add_argument("--kinds", default=",".join(FAULT_KINDS), help="fault kinds, comma-separated")
+    ap.add_argument("--kinds", default=",".join(ROUND),
+                    help="one round of the fault schedule, comma-separated (a kind may repeat)")
+    ap.add_argument("--lock-kinds", default=",".join(KINDS), help="the lock kinds workers take")
     ap.add_argument("--break", dest="broken", default=os.environ.get("RLOCK_FAULTS_BREAK", ""),
                     choices=("", "naive", "ignore-lost"), help="a deliberately broken lock")
     ap.add_argument("--keep", action="store_true", help="keep the run directories")
@@ -39,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     for seed in args.seed or [7]:
         run = FaultRun(seed, args.seconds, workers=args.workers, threads=args.threads,
                        lease=args.lease, kinds=tuple(args.kinds.split(",")), broken=args.broken,
+                       lock_kinds=tuple(args.lock_kinds.split(",")),
                        log=print if args.verbose else None)
         directory = run.run()
         report = check(directory)

@@ -76,11 +76,13 @@ class NaiveLock:
 
     def __init__(self, client: redis.Redis, name: str, lease: float) -> None:
         self.client, self.key, self.lease_ms = client, "naive:" + name, int(lease * 1000)
+        self.mine = ""
 
     def try_lock(self, wait_time: float = 0.0) -> bool:
         deadline = time.monotonic() + wait_time
+        self.mine = f"{os.getpid()}:{threading.get_ident()}:{time.monotonic()}"
         while True:
-            if self.client.set(self.key, "1", nx=True, px=self.lease_ms):
+            if self.client.set(self.key, self.mine, nx=True, px=self.lease_ms):
                 return True
             if time.monotonic() >= deadline:
                 return False
@@ -92,8 +94,8 @@ class NaiveLock:
     def is_lost(self) -> bool:
         return False
 
-    def is_held_by_current_thread(self) -> bool:
-        return bool(self.client.exists(self.key))
+    def is_held_by_current_thread(self) -> bool:  # (what the checker asks; unlock never does)
+        return self.client.get(self.key) == self.mine.encode()
 
 
 class Worker:
@@ -109,6 +111,7 @@ class Worker:
         self.out_mu = threading.Lock()
         self.stop = threading.Event()
         self.locks: dict[tuple[int, str, int], Any] = {}
+        self.kinds = tuple(args.kinds.split(","))
 
     def write(self, rec: dict[str, Any]) -> None:
         line = json.dumps(rec, separators=(",", ":")) + "\n"
@@ -153,7 +156,7 @@ class Worker:
 
     # -- one section ----------------------------------------------------------------------
     def section(self, ti: int, seq: int, rng: random.Random) -> None:
-        kind = rng.choice(KINDS)
+        kind = rng.choice(self.kinds)
         i = rng.randrange(NAMES["rw" if kind in ("read", "write") else kind])
         name = lock_name(kind, i)
         budget = rng.choice(BUDGETS)
@@ -267,6 +270,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", required=True)
     ap.add_argument("--wid", required=True, help="worker id (unique per run)")
     ap.add_argument("--threads", type=int, default=3)
+    ap.add_argument("--kinds", default=",".join(KINDS), help="the lock kinds the threads use")
     ap.add_argument("--lease", type=float, default=2.0, help="watchdog_timeout (seconds)")
     Worker(ap.parse_args(argv)).run()
 
