@@ -4,7 +4,8 @@
 *lock* server, which the faults hit, and the *store*, which none does (the data the locks
 protect). It starts ``workers`` worker processes (``tests.faults.worker``), then injects one
 fault every ``gap`` seconds, drawn from shuffled rounds of ``kinds`` (so every kind comes up
-once per round; the default round has ``stop_long`` twice), each logged with monotonic times to ``faults.jsonl``:
+once per round; the default round has ``stop_long`` twice), each logged with monotonic times
+to ``faults.jsonl``:
 
 - ``kill``: SIGKILL a worker (its open sections end there) and start a replacement;
 - ``stop_short`` / ``stop_long``: SIGSTOP a worker for 0.1-0.35 or 1.3-2.0 times the lease,
