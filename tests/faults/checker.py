@@ -106,8 +106,10 @@ class Checker:
         with open(os.path.join(directory, "store.json")) as f:
             self.store: dict[str, Any] = json.load(f)
         self.kill_at = {f["wid"]: f["at"] for f in self.faults if f["kind"] == "kill"}
-        #: (sent SIGTERM, old server gone): a hold from before ``down`` was reset at ``at``..``down``.
-        self.restarts = [(f["at"], f["down"]) for f in self.faults if f["kind"] == "restart"]
+        #: (SIGTERM sent, old server gone, new one answering): holds the old server granted
+        #: were reset.
+        self.restarts = [(f["at"], f["down"], f["until"]) for f in self.faults
+                         if f["kind"] == "restart"]
         long = self.lease / 2
         self.stops: dict[str, list[tuple[float, float]]] = defaultdict(list)
         for f in self.faults:
@@ -163,8 +165,14 @@ class Checker:
 
     def _reset(self, s: Section, by: float) -> bool:
         """The server restarted empty after ``s`` was granted (on the old server) and before
-        ``by``: its lock is gone, whether or not its watchdog has noticed yet."""
-        return any(s.enter <= down and at <= by for at, down in self.restarts)
+        ``by``: its lock is gone, whether or not its watchdog has noticed yet.
+
+        Granted by the old server: asked before it was gone, and in before the new one could
+        answer (the controller polls it every 20 ms, so it did not answer anyone before
+        ``until`` - 25 ms): a thread scheduled late after the old server's reply is not taken
+        for one the new server granted."""
+        return any(s.t_try <= down and s.enter < max(down, up - 0.025) and at <= by
+                   for at, down, up in self.restarts)
 
     def explain(self, group: list[Section], start: float, end: float) -> str:
         """``restart``, ``stop``, ``pause``, ``told`` or ``silent`` for sections that were
