@@ -4,7 +4,7 @@
 *lock* server, which the faults hit, and the *store*, which none does (the data the locks
 protect). It starts ``workers`` worker processes (``tests.faults.worker``), then injects one
 fault every ``gap`` seconds, drawn from shuffled rounds of ``kinds`` (so every kind comes up
-once per round; the default round has ``stop_long`` twice), each logged with monotonic times
+once per round; the default round has ``stop_long`` three times), each logged with monotonic times
 to ``faults.jsonl``:
 
 - ``kill``: SIGKILL a worker (its open sections end there) and start a replacement;
@@ -43,9 +43,9 @@ from tests.faults.worker import KINDS
 FAULT_KINDS = ("kill", "stop_short", "stop_long", "kill_pubsub", "kill_conns", "pause_write",
                "pause_all", "restart")
 
-#: One round of the schedule: every kind once, and a second long stop (the fault that finds
+#: One round of the schedule: every kind once, and two more long stops (the fault that finds
 #: frozen holders and heirs needs a thread of the stopped worker holding or in line).
-ROUND = (*FAULT_KINDS, "stop_long")
+ROUND = (*FAULT_KINDS, "stop_long", "stop_long")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
