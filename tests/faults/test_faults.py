@@ -41,8 +41,8 @@ def test_no_silent_overlap_lost_update_or_stale_write(tmp_path, seed):
     s = report.summary
     # A test that cannot fail is a defect: every fault happened, and the locks were used.
     assert set(FAULT_KINDS) <= set(s["faults"]), s["faults"]
-    assert s["acquisitions"] >= 500, s["acquisitions_by_kind"]
-    assert min(s["acquisitions_by_kind"].values()) >= 50, s["acquisitions_by_kind"]
+    assert s["acquisitions"] >= 300, s["acquisitions_by_kind"]
+    assert min(s["acquisitions_by_kind"].values()) >= 30, s["acquisitions_by_kind"]
     assert report.problems() == dict.fromkeys(report.problems(), 0), shown(report)
 
 
