@@ -28,6 +28,7 @@ import asyncio
 import logging
 import math
 import os
+import time
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any
@@ -562,15 +563,34 @@ class _PermitsBase(_Named):
     def _hold_key(self, permit_id: str) -> tuple[Any, str, str]:
         return (self._server, self.key, permit_id)
 
-    def _renewed(self, permit_id: str) -> None:
+    def _renewed(self, permit_id: str, sent: float) -> bool:
         """A permit taken without a lease: the watchdog renews it until it is released or
         the process dies. Not tied to the thread or task that took it (anyone may release
-        it, and it outlives them), so no owner is watched."""
+        it, and it outlives them), so no owner is watched. Its lease counts from ``sent``,
+        when the acquire went out (invariant 31). False: the reply came after half the lease
+        (a frozen process), so it must be checked (``_late_check``) before it counts."""
         self._fresh()  # renewed where the slot is now (a redirected acquire)
         watchdog().acquired(
             self._hold_key(permit_id), self._sync_client, self.name, self._watchdog_ms, True,
             self.watchdog_timeout, None, scripts_keys=self._keys,
-            kind=HoldKind(PES_RENEW_SCRIPT, self.timeout_key, PES_RELEASE_SCRIPT, (permit_id,)))
+            kind=HoldKind(PES_RENEW_SCRIPT, self.timeout_key, PES_RELEASE_SCRIPT, (permit_id,)),
+            since=sent)
+        return time.monotonic() - sent <= self._watchdog_ms / 2000.0
+
+    def _late_checked(self, permit_id: str, sent: float, reply: Any) -> int | None:
+        """The check of a permit whose reply came late: None (still ours, its lease set again
+        from ``sent``), or 0 (gone while its process could not run: unbooked, try again)."""
+        k = self._hold_key(permit_id)
+        hold = watchdog().get(k)
+        if reply and int(reply[0]):
+            if hold is not None:
+                watchdog().confirmed(k, hold, sent, self._watchdog_ms)
+            return None
+        if hold is not None:
+            watchdog().discard(k, hold)
+        logger.info("django-rlock: a permit of %r ran out before its process could run; "
+                    "never held, trying again", self.name)
+        return 0
 
     def _unrenewed(self, permit_id: str) -> None:
         watchdog().forget(self._hold_key(permit_id))
@@ -625,10 +645,13 @@ class PermitExpirableSemaphore(_PermitsBase):
         ms = self._watchdog_ms if lease_ms is None else lease_ms
 
         def attempt() -> int | None:
+            sent = time.monotonic()
             ttl = self._ttl_of(call_once(self._client, PES_ACQUIRE_SCRIPT, self._keys,
                                          (permit_id, ms)))
-            if ttl is None and lease_ms is None:
-                self._renewed(permit_id)  # before the caller hears of it
+            if ttl is None and lease_ms is None and not self._renewed(permit_id, sent):
+                again = time.monotonic()
+                return self._late_checked(permit_id, again, call_once(
+                    self._client, PES_RENEW_SCRIPT, (self.timeout_key,), (permit_id, ms)))
             return ttl
 
         return permit_id if self._waits(attempt, budget) else None
@@ -704,9 +727,12 @@ class AsyncPermitExpirableSemaphore(_PermitsBase):
             await acall_once(self._client, PES_RELEASE_SCRIPT, self._keys, (permit_id,))
 
         async def attempt() -> int | None:
+            sent = time.monotonic()
             ttl = await _uncancellable(send, undo)
-            if ttl is None and lease_ms is None:
-                self._renewed(permit_id)
+            if ttl is None and lease_ms is None and not self._renewed(permit_id, sent):
+                again = time.monotonic()
+                return self._late_checked(permit_id, again, await acall_once(
+                    self._client, PES_RENEW_SCRIPT, (self.timeout_key,), (permit_id, ms)))
             return ttl
 
         return permit_id if await self._awaits(attempt, budget) else None
