@@ -127,6 +127,7 @@ class Checker:
 
     def _load(self) -> None:
         xs: dict[str, dict[str, Any]] = {}
+        released: dict[str, Any] = {}
         for path in sorted(glob.glob(os.path.join(self.dir, "w*.jsonl"))):
             for rec in _lines(path):
                 t = rec["t"]
@@ -136,6 +137,8 @@ class Checker:
                         rec["enter"], rec["token"])
                 elif t == "X":
                     xs[rec["sid"]] = rec
+                elif t == "R":
+                    released[rec["sid"]] = rec["released"]
                 elif t == "F":
                     self.counts["not acquired (budget spent)"] += 1
                     if rec.get("held"):
@@ -151,8 +154,10 @@ class Checker:
                 s.told = bool(x.get("lost_before") or x.get("lost_at_exit"))
                 if x.get("err"):
                     self.errors[f"section {x['err']}"] += 1
-                if x.get("released") is not True:
-                    self.errors[f"release {x.get('released')}"] += 1
+                outcome = released.get(sid, "killed during it")
+                x["released"] = outcome
+                if outcome is not True:
+                    self.errors[f"release {outcome}"] += 1
             elif s.wid in self.kill_at:
                 s.exit, s.killed = self.kill_at[s.wid], True
             else:

@@ -226,15 +226,19 @@ class Worker:
         rec["held"] = self.held(kind, lock, permit)
         rec["lost_at_exit"] = self.lost(kind, lock, permit)
         rec["exit"] = time.monotonic()
+        # Written before the release, which may block (a paused server, a connection being
+        # made again): a worker killed meanwhile has still said what it did and was told.
+        self.write(rec)
+        done: dict[str, Any] = {"t": "R", "sid": sid}
         try:
             if kind == "sem":
-                rec["released"] = lock.try_release(permit)
+                done["released"] = lock.try_release(permit)
             else:
                 lock.unlock()
-                rec["released"] = True
+                done["released"] = True
         except Exception as exc:
-            rec["released"] = type(exc).__name__
-        self.write(rec)
+            done["released"] = type(exc).__name__
+        self.write(done)
 
     def loop(self, ti: int) -> None:
         rng = random.Random(f"{self.args.seed}:{self.wid}:{ti}")
