@@ -11,6 +11,7 @@ from .engine import (
     AsyncFairLock,
     AsyncFencedLock,
     AsyncMultiLock,
+    AsyncNonReentrantLock,
     AsyncPermitExpirableSemaphore,
     AsyncReadLock,
     AsyncReadWriteLock,
@@ -25,8 +26,10 @@ from .engine import (
     LockError,
     LockNotOwnedError,
     LockNotSyncedError,
+    LockReentryError,
     MultiLock,
     MultiLockError,
+    NonReentrantLock,
     PermitExpirableSemaphore,
     ReadLock,
     ReadWriteLock,
@@ -44,11 +47,13 @@ _LAZY = {"get_lock": "connection", "get_semaphore": "connection", "get_latch": "
          "afenced_update": "fencing"}
 
 __all__ = ["AsyncCountDownLatch", "AsyncFairLock", "AsyncFencedLock", "AsyncMultiLock",
-           "AsyncPermitExpirableSemaphore", "AsyncRLock", "AsyncReadLock", "AsyncReadWriteLock",
-           "AsyncRedLock", "AsyncSemaphore", "AsyncWriteLock", "CountDownLatch", "FairLock", "FencedLock",
-           "LockBusy", "LockError", "LockNotOwnedError", "LockNotSyncedError", "MultiLock",
-           "MultiLockError", "PermitExpirableSemaphore", "RLock", "ReadLock", "ReadWriteLock",
-           "RedLock", "Semaphore", "WriteLock", "__version__", *_LAZY]
+           "AsyncNonReentrantLock", "AsyncPermitExpirableSemaphore", "AsyncRLock", "AsyncReadLock",
+           "AsyncReadWriteLock", "AsyncRedLock", "AsyncSemaphore", "AsyncWriteLock",
+           "CountDownLatch", "FairLock", "FencedLock", "LockBusy", "LockError",
+           "LockNotOwnedError", "LockNotSyncedError", "LockReentryError", "MultiLock",
+           "MultiLockError", "NonReentrantLock", "PermitExpirableSemaphore", "RLock",
+           "ReadLock", "ReadWriteLock", "RedLock", "Semaphore", "WriteLock", "__version__",
+           *_LAZY]
 
 
 def __getattr__(name: str) -> Any:

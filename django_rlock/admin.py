@@ -25,6 +25,7 @@ from django.urls import URLPattern, path, reverse
 from redis.exceptions import RedisError
 
 from .conf import get_config
+from .engine import kinds
 from .inspect import Holder, LockInfo, LockInspector, glob_escape
 from .models import Lock
 from .signals import force_unlocked_by
@@ -44,24 +45,11 @@ def format_lease(seconds: float | None) -> str:
     return "no expiry" if seconds is None else f"{seconds:.1f} s"
 
 
-#: What a force-unlock does beyond deleting the key, by kind (the confirmation page says it).
-CLEAR_NOTES = {
-    "lock": "Waiters are woken and one of them takes the lock.",
-    "fenced": "Waiters are woken and one of them takes the lock; the token counter is kept, so "
-              "tokens keep growing.",
-    "fair": "Its queue of waiters and their timeouts are deleted too; the head of the queue is "
-            "woken and takes the lock, the others queue again.",
-    "rw": "Every read hold's timeout key is deleted too; all waiting readers and writers are "
-          "woken.",
-    "semaphore": "Its permits are deleted (none are available until they are set again); "
-                 "whoever took permits keeps running, uncounted. Waiters are woken.",
-    "permits": "Its permits and the permits taken are deleted (none are available until they "
-               "are set again); whoever took permits keeps running, uncounted. Waiters are "
-               "woken.",
-    "latch": "The latch opens (a missing latch counts 0): every waiter returns.",
-    "semaphore|latch": "The key is deleted: a semaphore has no permits until they are set "
-                       "again, a latch opens. Waiters of either are woken.",
-}
+def clear_note(kind: str) -> str:
+    """What a force-unlock does beyond deleting the key (the confirmation page says it): the
+    kind's own word, from the registry."""
+    found = kinds.get(kind)
+    return "" if found is None else found.note
 
 
 @admin.register(Lock)
@@ -228,7 +216,7 @@ class LockAdmin(admin.ModelAdmin):
             "summary": info.summary(),
             "details": self._details(info),
             "value": info.value,
-            "clear_note": CLEAR_NOTES.get(info.kind, ""),
+            "clear_note": clear_note(info.kind),
             "holders": [self._holder(h) for h in info.holders],
             "known": all(h.pid is not None for h in info.holders),
             "fields": sorted(info.fields.items()),

@@ -19,7 +19,7 @@ import string
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol, TypeVar
 
-from .engine import AsyncRLock, LockBusy, RLock, events
+from .engine import AsyncRLock, LockBusy, RLock, events, kinds
 from .engine.listing import describe_holders
 from .engine.lock import check_seconds
 from .transaction import TransactionRelease
@@ -214,40 +214,32 @@ def is_async_client(client: Any) -> bool:
 
 
 # -- lock kinds ---------------------------------------------------------------------------------
-#: The lock kinds ``get_lock`` and ``@locked`` build: None is Redisson's RLock.
-KINDS: tuple[str | None, ...] = (None, "fair", "read", "write", "fenced")
+def __getattr__(name: str) -> Any:
+    # ``KINDS``: the ``kind=`` values ``get_lock`` and ``@locked`` build, from the registry.
+    if name == "KINDS":
+        return kinds.lock_names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def check_kind(kind: Any, name: str) -> str | None:
-    """``kind`` if it is one of ``KINDS``; ValueError naming the lock, before any Redis command."""
-    if kind is not None and (not isinstance(kind, str) or kind not in KINDS):
-        raise ValueError(f"kind must be None, 'fair', 'read', 'write' or 'fenced', not {kind!r} "
-                         f"(lock {name!r})")
+    """``kind`` if the registry builds locks of it; ValueError naming the lock, before any Redis
+    command."""
+    if kind is not None and (not isinstance(kind, str)
+                             or kinds.lock_factory(kind) is None):
+        known = ", ".join(repr(k) for k in kinds.lock_names())
+        raise ValueError(f"kind must be one of {known}, not {kind!r} (lock {name!r})")
     return kind
 
 
 def lock_of_kind(kind: str | None, client: Any, name: str, prefix: str,
                  **options: Any) -> Any:
-    """A lock with the ``RLock`` API of one kind (see ``KINDS``) on a redis-py client.
-
-    ``options``: what the constructors share (``watchdog_timeout``, ``label``, ``on_lost``,
-    ``sync_replicas``, ``sync_timeout``). The kinds' modules are imported on first use.
-    """
+    """A lock with the ``RLock`` API of one kind (the registry's ``kind=`` names) on a redis-py
+    client. ``options``: what the constructors share (``watchdog_timeout``, ``label``,
+    ``on_lost``, ``sync_replicas``, ``sync_timeout``)."""
     check_kind(kind, name)
-    if kind is None:
-        return RLock(client, name, prefix, **options)
-    if kind == "fair":
-        from .engine.fair import FairLock
-
-        return FairLock(client, name, prefix, **options)
-    if kind == "fenced":
-        from .engine.fenced import FencedLock
-
-        return FencedLock(client, name, prefix, **options)
-    from .engine.rwlock import ReadWriteLock
-
-    rw = ReadWriteLock(client, name, prefix, **options)
-    return rw.read_lock() if kind == "read" else rw.write_lock()
+    make = kinds.lock_factory(kind)
+    assert make is not None
+    return make(client, name, prefix, **options)
 
 
 def async_lock_of_kind(kind: str | None, client: Any, name: str, prefix: str,
@@ -255,20 +247,9 @@ def async_lock_of_kind(kind: str | None, client: Any, name: str, prefix: str,
     """``lock_of_kind`` for asyncio: ``client`` is a ``redis.asyncio`` client; ``options`` may
     carry ``sync_client`` (the sync twin that renews and waits)."""
     check_kind(kind, name)
-    if kind is None:
-        return AsyncRLock(client, name, prefix, **options)
-    if kind == "fair":
-        from .engine.fair import AsyncFairLock
-
-        return AsyncFairLock(client, name, prefix, **options)
-    if kind == "fenced":
-        from .engine.fenced import AsyncFencedLock
-
-        return AsyncFencedLock(client, name, prefix, **options)
-    from .engine.rwlock import AsyncReadWriteLock
-
-    rw = AsyncReadWriteLock(client, name, prefix, **options)
-    return rw.read_lock() if kind == "read" else rw.write_lock()
+    make = kinds.lock_factory(kind, aio=True)
+    assert make is not None
+    return make(client, name, prefix, **options)
 
 
 def check_permits(permits: Any, name: str) -> int:

@@ -17,9 +17,19 @@ from collections.abc import Iterable
 from typing import Any
 
 from .connection import cache_alias, get_client, get_prefix
-from .engine.listing import KINDS, SEMAPHORE_OR_LATCH, Holder, LockInfo, Locks, glob_escape
+from .engine import kinds
+from .engine.kinds import SEMAPHORE_OR_LATCH
+from .engine.listing import Holder, LockInfo, Locks, glob_escape
 
-__all__ = ["KINDS", "SEMAPHORE_OR_LATCH", "Holder", "LockInfo", "LockInspector", "clear",
+
+def __getattr__(name: str) -> Any:
+    # ``KINDS``: every kind's name, from the registry.
+    if name == "KINDS":
+        return kinds.names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["SEMAPHORE_OR_LATCH", "Holder", "LockInfo", "LockInspector", "clear",
            "clear_all", "glob_escape", "list_locks", "show"]
 
 

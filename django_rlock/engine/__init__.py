@@ -1,12 +1,13 @@
 """The lock engine: plain redis-py, no Django anywhere below this package."""
 
 from .aio import AsyncRLock
-from .errors import LockBusy, LockError, LockNotOwnedError, LockNotSyncedError
+from .errors import LockBusy, LockError, LockNotOwnedError, LockNotSyncedError, LockReentryError
 from .fair import AsyncFairLock, FairLock
 from .fenced import AsyncFencedLock, FencedLock
 from .latch import AsyncCountDownLatch, CountDownLatch
 from .lock import RLock
 from .multi import AsyncMultiLock, AsyncRedLock, MultiLock, MultiLockError, RedLock
+from .nonreentrant import AsyncNonReentrantLock, NonReentrantLock
 from .rwlock import (
     AsyncReadLock,
     AsyncReadWriteLock,
@@ -23,8 +24,9 @@ from .semaphore import (
 )
 
 __all__ = ["AsyncCountDownLatch", "AsyncFairLock", "AsyncFencedLock", "AsyncMultiLock",
-           "AsyncPermitExpirableSemaphore", "AsyncRLock", "AsyncReadLock", "AsyncReadWriteLock",
-           "AsyncRedLock", "AsyncSemaphore", "AsyncWriteLock", "CountDownLatch", "FairLock", "FencedLock",
-           "LockBusy", "LockError", "LockNotOwnedError", "LockNotSyncedError", "MultiLock",
-           "MultiLockError", "PermitExpirableSemaphore", "RLock", "ReadLock", "ReadWriteLock",
-           "RedLock", "Semaphore", "WriteLock"]
+           "AsyncNonReentrantLock", "AsyncPermitExpirableSemaphore", "AsyncReadLock",
+           "AsyncReadWriteLock", "AsyncRedLock", "AsyncRLock", "AsyncSemaphore", "AsyncWriteLock",
+           "CountDownLatch", "FairLock", "FencedLock", "LockBusy", "LockError",
+           "LockNotOwnedError", "LockNotSyncedError", "LockReentryError", "MultiLock",
+           "MultiLockError", "NonReentrantLock", "PermitExpirableSemaphore", "ReadLock",
+           "ReadWriteLock", "RedLock", "RLock", "Semaphore", "WriteLock"]

@@ -43,3 +43,8 @@ class LockNotSyncedError(LockError):
         self.connected = connected
         self.acknowledged = acknowledged
         self.required = required
+
+
+class LockReentryError(LockError):
+    """A ``NonReentrantLock``'s holder asked for it again: ``lock()`` raises this at once
+    (waiting would wait for itself forever); ``try_lock()`` returns False instead."""

@@ -44,7 +44,9 @@ from typing import Any
 
 from . import identity
 from .aio import AsyncRLock
+from .kinds import Kind, declare
 from .lock import HoldKey, RLock, check_seconds
+from .lockinfo import lease_text
 from .naming import FAIR_QUEUE_PREFIX, FAIR_TIMEOUT_PREFIX, UNLOCK_MESSAGE, prefix_name
 from .scripts import _STAMP, RENEW_SCRIPT, Script, acall_once, call_once
 from .watchdog import HoldKind
@@ -146,8 +148,10 @@ notify(ARGV[3])
 return 1
 """
 
-# ARGV[1] message. Reply: 1 deleted (the head woken), 0 not locked. The queue stays.
+# ARGV[1] message. Reply: 1 deleted (the head woken), 0 not locked. The queue stays. A key
+# recreated as something else since a listing read it is left alone.
 FAIR_FORCE = _LIB + """
+if redis.call('type', KEYS[1]).ok ~= 'hash' then return 0 end
 prune()
 redis.call('hdel', KEYS[3], KEYS[1])
 if redis.call('del', KEYS[1]) == 1 then
@@ -342,3 +346,27 @@ class AsyncFairLock(_Fair, AsyncRLock):
 
 
 __all__ = ["AsyncFairLock", "FairLock"]
+
+
+def _fair_details(probe: dict[str, Any], detail: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {"queue_length": probe["queue_length"]}
+    if detail:
+        out["queue"] = probe["queue"]
+    return out
+
+
+def _fair_lines(d: dict[str, Any]) -> list[str]:
+    return [f"queue length: {d['queue_length']}"] + [
+        f"  {i}. {w['owner']} (times out in {lease_text(w['timeout'])})"
+        for i, w in enumerate(d.get("queue", ()), 1)]
+
+
+KIND = declare(Kind(
+    "fair", "hash",
+    note="Its queue of waiters stays: the head of the queue is woken and takes the lock, the "
+         "others keep their places (Redisson's forceUnlock).",
+    open=FairLock, locks={"fair": FairLock}, async_locks={"fair": AsyncFairLock},
+    detect=lambda probe: bool(probe["queue_length"] or probe["fair_size"]),
+    details=_fair_details,
+    summary=lambda d: f"queue {d['queue_length']}",
+    lines=_fair_lines))

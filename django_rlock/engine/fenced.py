@@ -32,6 +32,7 @@ from typing import Any
 
 from . import identity
 from .aio import AsyncRLock
+from .kinds import Kind, declare
 from .lock import RLock
 from .naming import TOKEN_PREFIX, prefix_name
 from .scripts import _STAMP, Script
@@ -251,3 +252,14 @@ class AsyncFencedLock(_Fenced, AsyncRLock):
     async def __aenter__(self) -> AsyncFencedLock:
         await self.lock()
         return self
+
+
+KIND = declare(Kind(
+    "fenced", "hash",
+    note="Its waiters are woken and one of them takes the lock; the token counter is kept, so "
+         "tokens keep growing.",
+    open=FencedLock, locks={"fenced": FencedLock}, async_locks={"fenced": AsyncFencedLock},
+    detect=lambda probe: probe["token"] is not None,
+    details=lambda probe, detail: {"token": probe["token"]},
+    summary=lambda d: f"token {'-' if d['token'] is None else d['token']}",
+    lines=lambda d: [f"token: {'-' if d['token'] is None else d['token']}"]))

@@ -17,7 +17,8 @@ from __future__ import annotations
 from typing import Any
 
 from . import pubsub
-from .naming import latch_channel
+from .kinds import SEMAPHORE_OR_LATCH, Kind, declare
+from .naming import READ_UNLOCK_MESSAGE, latch_channel
 from .scripts import _STAMP, Script, acall_once, call_once
 from .semaphore import RECHECK, _Named
 
@@ -68,6 +69,10 @@ class _LatchBase(_Named):
         self._channel = latch_channel(self.key).encode()
         self._keys = (self.key, self._channel, self._index)
 
+    def _force_call(self) -> tuple[Script, tuple[Any, ...], tuple[Any, ...]]:
+        # The force-unlock of a latch is its delete: it opens, and every waiter returns.
+        return LATCH_DELETE_SCRIPT, self._keys, ()
+
     @staticmethod
     def _open(value: Any) -> int | None:
         """An attempt's outcome from the count read: None (open), or -1 (wait, unbounded)."""
@@ -100,6 +105,12 @@ class CountDownLatch(_LatchBase):
         """Delete the latch (its waiters see a count of 0 and return); True if there was one."""
         return bool(call_once(self._client, LATCH_DELETE_SCRIPT, self._keys, ()))
 
+    def force_unlock(self) -> bool:
+        """``delete``, as ``manage.py locks clear`` and the admin do it (this process's
+        listeners hear a ``force_unlocked`` event)."""
+        return self._forced(call_once(self._client, LATCH_DELETE_SCRIPT, self._keys, ()),
+                            self._forcing())
+
 
 class AsyncCountDownLatch(_LatchBase):
     """``CountDownLatch`` for asyncio (``redis.asyncio`` client)."""
@@ -129,5 +140,40 @@ class AsyncCountDownLatch(_LatchBase):
     async def delete(self) -> bool:
         return bool(await acall_once(self._client, LATCH_DELETE_SCRIPT, self._keys, ()))
 
+    async def force_unlock(self) -> bool:
+        """``CountDownLatch.force_unlock`` for asyncio."""
+        before = self._forcing()
+        return self._forced(await acall_once(self._client, LATCH_DELETE_SCRIPT, self._keys, ()),
+                            before)
 
-__all__ = ["AsyncCountDownLatch", "CountDownLatch"]
+
+class SemaphoreOrLatch(_Named):
+    """An integer string found by SCAN with no index entry: Redisson stores a semaphore and a
+    latch alike, so its force-unlock does what either's would (deleted; the waiters of both
+    woken, a latch's returning)."""
+
+    def force_unlock(self) -> bool:
+        script, keys, args = self._force_call()
+        return self._forced(call_once(self._client, script, keys,
+                                      args + (latch_channel(self.key), READ_UNLOCK_MESSAGE)),
+                            self._forcing())
+
+
+LATCH = declare(Kind(
+    "latch", "string",
+    note="The latch opens (a missing latch counts 0): every waiter returns.",
+    open=CountDownLatch, detect=lambda probe: False,
+    details=lambda probe, detail: {"count": probe["number"]},
+    summary=lambda d: f"count {d['count']}",
+    lines=lambda d: [f"count: {d['count']}"]))
+EITHER = declare(Kind(
+    SEMAPHORE_OR_LATCH, "string",
+    note="The key is deleted: a semaphore has no permits until they are set again, a latch "
+         "opens. Waiters of either are woken.",
+    open=SemaphoreOrLatch, details=lambda probe, detail: {"value": probe["number"]},
+    summary=lambda d: f"value {d['value']}",
+    lines=lambda d: [
+        f"count or permits: {d['value']} (a semaphore or a latch: Redisson stores both "
+        f"alike, and no index entry says which)"]))
+
+__all__ = ["AsyncCountDownLatch", "CountDownLatch", "SemaphoreOrLatch"]

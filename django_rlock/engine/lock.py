@@ -22,6 +22,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from . import events, identity, pubsub, replicas, waiting, wakeline, withdrawals
 from .clients import SlotBound, check_client, is_cluster_node, refresh
 from .errors import LockNotOwnedError, LockNotSyncedError
+from .kinds import Kind, declare
 from .naming import (
     DIRECT_TOKEN_MARK,
     UNLOCK_MESSAGE,
@@ -840,3 +841,16 @@ def ttl_seconds(pttl: Any) -> float | None:
 def log_masked_release(name: str, exc_type: type[BaseException], err: Exception) -> None:
     # Never let a failed release mask the block's own exception (redis-py #623).
     logger.warning("django-rlock: releasing %r after %s failed: %s", name, exc_type.__name__, err)
+
+
+def _async_rlock(client: Any, name: str, prefix: str = "", **options: Any) -> Any:
+    from .aio import AsyncRLock  # aio imports this module
+
+    return AsyncRLock(client, name, prefix, **options)
+
+
+KIND = declare(Kind(
+    "lock", "hash",
+    note="Its waiters are woken and one of them takes the lock; waiters in its hand-off line "
+         "keep their places.",
+    open=RLock, locks={None: RLock}, async_locks={None: _async_rlock}))

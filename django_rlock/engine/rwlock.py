@@ -21,6 +21,7 @@ from typing import Any
 
 from . import identity, pubsub
 from .aio import AsyncRLock
+from .kinds import Kind, declare
 from .lock import HoldKey, RLock
 from .naming import READ_UNLOCK_MESSAGE, RWLOCK_CHANNEL_PREFIX, UNLOCK_MESSAGE, prefix_name
 from .scripts import _STAMP, RENEW_SCRIPT, Script
@@ -209,11 +210,11 @@ redis.call('publish', KEYS[2], ARGV[3])
 return 1
 """
 
-# KEYS[1] hash, KEYS[2] channel, KEYS[3] index; ARGV[1] message, ARGV[2] the mode this lock
-# deletes (a read lock's force-unlock leaves a write lock alone, and the reverse).
-# Reply: 1 deleted, 0 not in that mode.
+# KEYS[1] hash, KEYS[2] channel, KEYS[3] index; ARGV[1] message. The one force-unlock of a
+# read-write lock, from any of its handles: the lock in either mode, with every read hold's
+# timeout key; every waiter (reader or writer) is woken. Reply: 1 deleted, 0 not locked.
 FORCE = _LIB + """
-if redis.call('hget', KEYS[1], 'mode') ~= ARGV[2] then
+if redis.call('type', KEYS[1]).ok ~= 'hash' then
   return 0
 end
 dropreads(KEYS[1])
@@ -241,9 +242,8 @@ class _RWKind:
     _HANDOFF = False
     _WAKES = staticmethod(pubsub.wake_all)
     _FORCE = FORCE_SCRIPT
-    #: What this kind publishes when it frees the lock, and the mode its force-unlock deletes.
+    #: What this kind publishes when it frees the lock.
     _MESSAGE: str
-    _MODE: str
     # Provided by LockBase.
     key: str
     _index: str
@@ -263,11 +263,7 @@ class _RWKind:
         return (field, lease_ms, self._MESSAGE)
 
     def _force_args(self) -> tuple[Any, ...]:
-        return (self._MESSAGE, self._MODE)
-
-    def _forced(self, r: Any, before: list[Any]) -> bool:
-        # A force-unlock that found the other mode deleted nothing: this process's holds stand.
-        return super()._forced(r, before if r else [])  # type: ignore[misc, no-any-return]
+        return (READ_UNLOCK_MESSAGE,)
 
     def _acquire_args(self, k: HoldKey, lease_ms: int | None, claim: bool = False) -> tuple[Any, ...]:
         # No hand-off here, so nothing to claim: a waiter's attempt is a plain acquire.
@@ -279,7 +275,6 @@ class _ReadKind(_RWKind):
     _ACQUIRE = READ_ACQUIRE_SCRIPT
     _RELEASE = READ_RELEASE_SCRIPT
     _MESSAGE = UNLOCK_MESSAGE
-    _MODE = "read"
 
     def _acquire_args(self, k: HoldKey, lease_ms: int | None, claim: bool = False) -> tuple[Any, ...]:
         return super()._acquire_args(k, lease_ms) + (k[2] + _WRITE,)
@@ -301,7 +296,6 @@ class _WriteKind(_RWKind):
     _ACQUIRE = WRITE_ACQUIRE_SCRIPT
     _RELEASE = WRITE_RELEASE_SCRIPT
     _MESSAGE = READ_UNLOCK_MESSAGE
-    _MODE = "write"
 
     def _field(self) -> str:  # type: ignore[override]
         # A thread's write hold and its read holds are two holds (two fields).
@@ -368,6 +362,11 @@ class ReadWriteLock:
     def write_lock(self) -> WriteLock:
         return self._write
 
+    def force_unlock(self) -> bool:
+        """Delete the lock in either mode (every read hold with it) and wake every waiter;
+        the same from the read or the write handle. True if a lock was deleted."""
+        return self._write.force_unlock()
+
 
 # -- asyncio ---------------------------------------------------------------------------------
 class AsyncReadLock(_ReadKind, AsyncRLock):
@@ -423,6 +422,62 @@ class AsyncReadWriteLock:
     def write_lock(self) -> AsyncWriteLock:
         return self._write
 
+    async def force_unlock(self) -> bool:
+        """``ReadWriteLock.force_unlock``."""
+        return await self._write.force_unlock()
+
 
 __all__ = ["AsyncReadLock", "AsyncReadWriteLock", "AsyncWriteLock", "ReadLock", "ReadWriteLock",
            "WriteLock"]
+
+
+def _rw_details(probe: dict[str, Any], detail: bool) -> dict[str, Any]:
+    holders = probe["holders"]
+    writer = next((h for h in holders if h.write), None)
+    return {"mode": probe["fields"]["mode"],
+            "readers": [{"owner": h.owner, "hold_count": h.hold_count}
+                        for h in holders if not h.write],
+            "writer": None if writer is None else {"owner": writer.owner,
+                                                   "hold_count": writer.hold_count}}
+
+
+def _rw_summary(d: dict[str, Any]) -> str:
+    readers, writer = d["readers"], d["writer"]
+    text = f"mode {d['mode']}, {len(readers)} reader{'s' if len(readers) != 1 else ''}"
+    return text + (f", writer {writer['owner']}" if writer else "")
+
+
+def _rw_lines(d: dict[str, Any]) -> list[str]:
+    writer = d["writer"]
+    return [f"mode: {d['mode']}",
+            f"writer: {'-' if writer is None else writer['owner']}"
+            + ("" if writer is None else f" ({writer['hold_count']} hold(s))"),
+            f"readers: {len(d['readers'])}"] + [
+        f"  {r['owner']} ({r['hold_count']} hold(s))" for r in d["readers"]]
+
+
+def _read(client: Any, name: str, prefix: str = "", **options: Any) -> ReadLock:
+    return ReadWriteLock(client, name, prefix, **options).read_lock()
+
+
+def _write(client: Any, name: str, prefix: str = "", **options: Any) -> WriteLock:
+    return ReadWriteLock(client, name, prefix, **options).write_lock()
+
+
+def _aread(client: Any, name: str, prefix: str = "", **options: Any) -> AsyncReadLock:
+    return AsyncReadWriteLock(client, name, prefix, **options).read_lock()
+
+
+def _awrite(client: Any, name: str, prefix: str = "", **options: Any) -> AsyncWriteLock:
+    return AsyncReadWriteLock(client, name, prefix, **options).write_lock()
+
+
+KIND = declare(Kind(
+    "rw", "hash",
+    note="It goes in either mode, with every read hold's timeout key; every waiting reader and "
+         "writer is woken.",
+    open=ReadWriteLock, locks={"read": _read, "write": _write},
+    async_locks={"read": _aread, "write": _awrite}, modes=True,
+    detect=lambda probe: "mode" in probe["fields"], details=_rw_details,
+    summary=_rw_summary,
+    lines=_rw_lines))

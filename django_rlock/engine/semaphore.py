@@ -33,10 +33,12 @@ from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any
 
-from . import pubsub, waiting
+from . import events, pubsub, waiting
 from .clients import SlotBound, async_twin, check_client, is_cluster_node, sync_twin
 from .errors import LockNotOwnedError
+from .kinds import Kind, declare
 from .lock import check_name, check_seconds
+from .lockinfo import lease_text
 from .naming import SEMAPHORE_CHANNEL_PREFIX, index_key, prefix_name, suffix_name
 from .scripts import _STAMP, Script, acall_once, call, call_once
 from .watchdog import HoldKind, server_id, watchdog
@@ -131,6 +133,19 @@ local n = 0
 for i = 1, #KEYS - 1 do n = n + redis.call('del', KEYS[i]) end
 redis.call('hdel', KEYS[#KEYS], KEYS[1])
 return n
+"""
+
+# KEYS[1] the counter, KEYS[2] the zset of permits taken (none for a plain semaphore), KEYS[3]
+# index; ARGV[1] channel, ARGV[2] message, ARGV[3], ARGV[4] (optional) a second channel and
+# message (a string that may be a latch as well). The force-unlock of a semaphore: a key
+# recreated as something else since it was read is left alone. Reply: 1 deleted, 0 none.
+SEMAPHORE_FORCE = """
+if redis.call('type', KEYS[1]).ok ~= 'string' then return 0 end
+redis.call('del', KEYS[1], KEYS[2])
+redis.call('hdel', KEYS[3], KEYS[1])
+redis.call('publish', ARGV[1], ARGV[2])
+if ARGV[3] then redis.call('publish', ARGV[3], ARGV[4]) end
+return 1
 """
 
 # -- PermitExpirableSemaphore ------------------------------------------------------------------
@@ -242,6 +257,7 @@ PES_TRY_SET_SCRIPT = Script(PES_TRY_SET)
 PES_ADD_SCRIPT = Script(PES_ADD)
 PES_AVAILABLE_SCRIPT = Script(PES_AVAILABLE)
 PES_RENEW_SCRIPT = Script(PES_RENEW)
+SEMAPHORE_FORCE_SCRIPT = Script(SEMAPHORE_FORCE)
 
 
 # -- what the non-lock kinds share -------------------------------------------------------------
@@ -321,6 +337,24 @@ class _Named(SlotBound):
             return None
         w = check_seconds(wait_time, what, self.name, zero_ok=True, inf_ok=True)
         return None if math.isinf(w) else w
+
+    # -- force-unlock (the kind's one meaning: ``locks clear`` and the admin run it too) -------
+    def _force_call(self) -> tuple[Script, tuple[Any, ...], tuple[Any, ...]]:
+        """The script, KEYS and ARGV of this kind's force-unlock: the counter and any permits
+        taken go, and the waiters are woken (they find nothing to take until it is set)."""
+        return (SEMAPHORE_FORCE_SCRIPT, (self.key, suffix_name(self.key, "timeout"), self._index),
+                (self._channel.decode(), "0"))
+
+    def _forcing(self) -> list[Any]:
+        return watchdog().holds_of(self._server, self.key)
+
+    def _forced(self, r: Any, before: list[Any]) -> bool:
+        # As ``LockBase._forced``: the holds that existed before the delete are lost.
+        watchdog().drop_holds(before if r else [])
+        if events.listeners:
+            events.emit("force_unlocked", name=self.name, key=self.key, label=None,
+                        deleted=bool(r))
+        return bool(r)
 
     # -- waiting ---------------------------------------------------------------------------
     def _wait(self) -> waiting.Wait:
@@ -450,6 +484,13 @@ class Semaphore(_SemaphoreBase):
         """Take every permit available; returns how many that was."""
         return int(call_once(self._client, SEM_DRAIN_SCRIPT, (self.key,), ()))
 
+    def force_unlock(self) -> bool:
+        """Delete the semaphore (its count and the permits taken) and wake its waiters: what
+        ``manage.py locks clear`` and the admin do. True if there was one."""
+        before = self._forcing()
+        script, keys, args = self._force_call()
+        return self._forced(call_once(self._client, script, keys, args), before)
+
     def delete(self) -> bool:
         """Delete the semaphore (its count); True if there was one."""
         return bool(call(self._client, DELETE_SCRIPT, (self.key, self._index), ()))
@@ -509,6 +550,12 @@ class AsyncSemaphore(_SemaphoreBase):
 
     async def drain_permits(self) -> int:
         return int(await acall_once(self._client, SEM_DRAIN_SCRIPT, (self.key,), ()))
+
+    async def force_unlock(self) -> bool:
+        """``Semaphore.force_unlock`` for asyncio."""
+        before = self._forcing()
+        script, keys, args = self._force_call()
+        return self._forced(await acall_once(self._client, script, keys, args), before)
 
     async def delete(self) -> bool:
         return bool(await acall_once(self._client, DELETE_SCRIPT, (self.key, self._index), ()))
@@ -683,6 +730,13 @@ class PermitExpirableSemaphore(_PermitsBase):
         """Permits free now (expired permits are counted back first)."""
         return int(call(self._client, PES_AVAILABLE_SCRIPT, self._keys, ()))
 
+    def force_unlock(self) -> bool:
+        """Delete the semaphore (its count and the permits taken) and wake its waiters: what
+        ``manage.py locks clear`` and the admin do. True if there was one."""
+        before = self._forcing()
+        script, keys, args = self._force_call()
+        return self._forced(call_once(self._client, script, keys, args), before)
+
     def delete(self) -> bool:
         """Delete the semaphore (count and taken permits); True if there was one."""
         return bool(call(self._client, DELETE_SCRIPT, (self.key, self.timeout_key, self._index),
@@ -759,6 +813,12 @@ class AsyncPermitExpirableSemaphore(_PermitsBase):
     async def available_permits(self) -> int:
         return int(await acall_once(self._client, PES_AVAILABLE_SCRIPT, self._keys, ()))
 
+    async def force_unlock(self) -> bool:
+        """``Semaphore.force_unlock`` for asyncio."""
+        before = self._forcing()
+        script, keys, args = self._force_call()
+        return self._forced(await acall_once(self._client, script, keys, args), before)
+
     async def delete(self) -> bool:
         return bool(await acall_once(self._client, DELETE_SCRIPT,
                                      (self.key, self.timeout_key, self._index), ()))
@@ -766,3 +826,33 @@ class AsyncPermitExpirableSemaphore(_PermitsBase):
 
 __all__ = ["AsyncPermitExpirableSemaphore", "AsyncSemaphore", "PermitExpirableSemaphore",
            "Semaphore", "RECHECK"]
+
+
+def _permits_details(probe: dict[str, Any], detail: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {"permits": probe["number"], "taken": probe["taken"]}
+    if detail:
+        out["leases"] = probe["leases"]
+    return out
+
+
+def _permits_lines(d: dict[str, Any]) -> list[str]:
+    return [f"permits available: {d['permits']}", f"permits taken: {d['taken']}"] + [
+        f"  {p['id']} (lease {lease_text(p['ttl'])})" for p in d.get("leases", ())]
+
+
+SEMAPHORE = declare(Kind(
+    "semaphore", "string",
+    note="Its permits are deleted (none are available until they are set again); whoever took "
+         "permits keeps running, uncounted. Waiters are woken.",
+    open=Semaphore, detect=lambda probe: False,
+    details=lambda probe, detail: {"permits": probe["number"]},
+    summary=lambda d: f"{d['permits']} available",
+    lines=lambda d: [f"permits available: {d['permits']}"]))
+PERMITS = declare(Kind(
+    "permits", "string",
+    note="Its permits and the permits taken are deleted (none are available until they are set "
+         "again); whoever took permits keeps running, uncounted. Waiters are woken.",
+    open=PermitExpirableSemaphore, detect=lambda probe: bool(probe["taken"]),
+    details=_permits_details,
+    summary=lambda d: f"{d['permits']} available, {d['taken']} taken",
+    lines=_permits_lines))

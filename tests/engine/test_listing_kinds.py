@@ -329,14 +329,18 @@ def subscribe(redis_server: Any) -> Iterator[Any]:
         s.close()
 
 
-def test_clear_fair_deletes_queue_and_timeouts_and_wakes_the_head(r: redis.Redis, subscribe: Any) -> None:
+def test_clear_fair_keeps_its_queue_and_wakes_the_head(r: redis.Redis, subscribe: Any) -> None:
+    """The fair lock's one force-unlock (Redisson's forceUnlock): the waiters keep their
+    places, and the head is woken to take the lock."""
     write_kinds(r, "p:")
     key = "p:fair"
+    queue, timeouts = prefix_name("redisson_lock_queue", key), prefix_name("redisson_lock_timeout", key)
+    before = (r.lrange(queue, 0, -1), r.zrange(timeouts, 0, -1))
     sub = subscribe(f"{lock_channel(key)}:{W1}", f"{lock_channel(key)}:{W2}", lock_channel(key))
     assert Locks(r, "p:").clear(["fair"]) == ["fair"]
     assert sub.messages() == [(f"{lock_channel(key)}:{W1}", "0")]  # the head, and only it
-    assert not r.exists(key, prefix_name("redisson_lock_queue", key),
-                        prefix_name("redisson_lock_timeout", key))
+    assert not r.exists(key)
+    assert (r.lrange(queue, 0, -1), r.zrange(timeouts, 0, -1)) == before
     assert not r.hexists(index_key("p:"), key)
     assert Locks(r, "p:").names() == sorted(["plain", "rw", "rw-w", "fenced", "sem", "permits", "latch"])
 

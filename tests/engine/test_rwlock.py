@@ -234,24 +234,28 @@ def test_read_lock_expiration(r, holders):
     write.unlock()
 
 
-def test_force_unlock_each_side_leaves_the_other_mode_alone(r, holders):
-    """testForceUnlock: a read lock's force-unlock deletes read mode only, and the reverse."""
+def test_force_unlock_is_one_meaning_from_either_side_in_either_mode(r, holders):
+    """A read-write lock has one force-unlock (the one ``locks clear`` and the admin run): from
+    the read or the write handle or the ``ReadWriteLock``, it deletes the lock in either mode,
+    every read hold's timeout key with it, and wakes every waiter. (Redisson's per-side
+    forceUnlock leaves the other mode alone; a force-unlock that may do nothing is no way out.)
+    """
     rw = ReadWriteLock(r, "force")
     read, write = rw.read_lock(), rw.write_lock()
     assert read.force_unlock() is False and write.force_unlock() is False  # nothing there
+    assert rw.force_unlock() is False
     read.lock()
     me = identity.thread_owner()
-    assert write.force_unlock() is False
-    assert read.is_locked() and not read.is_lost() and read.hold_count() == 1
-    assert read.force_unlock() is True
+    assert r.exists(tkey("force", me, 1))
+    assert write.force_unlock() is True  # read mode, from the write side
     assert not read.is_locked() and r.keys("*") == [] and read.is_lost()
-    assert not r.exists(tkey("force", me, 1))
     with pytest.raises(LockNotOwnedError):
         read.unlock()
     write.lock()
-    assert read.force_unlock() is False
-    assert write.is_locked() and not write.is_lost()
-    assert write.force_unlock() is True and not write.is_locked() and write.is_lost()
+    assert read.force_unlock() is True  # write mode, from the read side
+    assert not write.is_locked() and write.is_lost() and r.keys("*") == []
+    write.lock()
+    assert rw.force_unlock() is True and r.keys("*") == []
     # Waiters wake at once (a waiting writer would otherwise sleep on the 30 s PTTL).
     read.lock()
     got = holders().submit(lambda: write.try_lock(wait_time=10))

@@ -15,6 +15,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from redis.exceptions import RedisError
 
+from django_rlock.engine import kinds
 from django_rlock.inspect import Holder, LockInfo, LockInspector
 
 #: Shown for what is unknown: holders another Redisson client wrote have no index entry.
@@ -161,38 +162,12 @@ def _holder_cells(h: Holder | None) -> tuple[str, ...]:
             _cell(h.thread), format_held(h.held_for))
 
 
-def _lease(seconds: float | None) -> str:
-    return "no expiry" if seconds is None else f"{seconds:.3f}s"
-
-
 def _show_details(info: LockInfo) -> list[str]:
-    """The kind's details, one line each (``show``'s table form)."""
-    d = info.details
-    if info.kind == "fair":
-        lines = [f"queue length: {d['queue_length']}"]
-        lines += [f"  {i}. {w['owner']} (times out in {_lease(w['timeout'])})"
-                  for i, w in enumerate(d.get("queue", ()), 1)]
-        return lines
-    if info.kind == "rw":
-        writer = d["writer"]
-        lines = [f"mode: {d['mode']}",
-                 f"writer: {UNKNOWN if writer is None else writer['owner']}"
-                 + ("" if writer is None else f" ({writer['hold_count']} hold(s))"),
-                 f"readers: {len(d['readers'])}"]
-        return lines + [f"  {r['owner']} ({r['hold_count']} hold(s))" for r in d["readers"]]
-    if info.kind == "fenced":
-        return [f"token: {_cell(d['token'])}"]
-    if info.kind == "semaphore":
-        return [f"permits available: {d['permits']}"]
-    if info.kind == "permits":
-        lines = [f"permits available: {d['permits']}", f"permits taken: {d['taken']}"]
-        return lines + [f"  {p['id']} (lease {_lease(p['ttl'])})" for p in d.get("leases", ())]
-    if info.kind == "latch":
-        return [f"count: {d['count']}"]
-    if "value" in d:
-        return [f"count or permits: {d['value']} (a semaphore or a latch: Redisson stores both "
-                f"alike, and no index entry says which)"]
-    return []
+    """The kind's details, one line each (``show``'s table form): the kind says how."""
+    kind = kinds.get(info.kind)
+    if kind is not None and kind.lines is not None:
+        return kind.lines(info.details)
+    return [f"{key}: {_cell(value)}" for key, value in info.details.items()]
 
 
 def _show_holder(h: Holder) -> str:

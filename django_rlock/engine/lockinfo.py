@@ -1,0 +1,209 @@
+"""What listing reads a lock as: ``Holder`` (one hash field) and ``LockInfo`` (one live lock),
+and the parsing of Redis replies into them.
+
+The kind's own part (its details and their summary) comes from the kind registry
+(``kinds``), so this module names no kind.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from .kinds import get
+
+#: Redisson's score of a permit that never expires (Long.MAX_VALUE / 10000).
+NEVER_MS = 922337203685477
+
+_FIELD = re.compile(r"(.+):(\d+)", re.DOTALL)
+_WRITER = re.compile(r"(.+):(\d+):write", re.DOTALL)
+_COUNT = re.compile(r"\d+")
+_INTEGER = re.compile(r"-?\d+")
+
+
+def text(value: Any) -> str | None:
+    """Replies are bytes, or str with ``decode_responses=True``; None if not UTF-8."""
+    if isinstance(value, bytes):
+        try:
+            return value.decode()
+        except UnicodeDecodeError:
+            return None
+    return value if isinstance(value, str) else None
+
+
+def number(value: Any) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    t = text(value)
+    return int(t) if t is not None and _INTEGER.fullmatch(t) else None
+
+
+
+@dataclass(frozen=True)
+class Holder:
+    """One hash field: who holds the lock, how many times (reentrancy), and, when this
+    package took it, where and since when (None for a holder another Redisson client wrote).
+
+    ``thread_id`` is the owner's number in the field (a per-process serial for this package);
+    ``os_thread_id`` the OS thread it ran on; ``thread`` the thread or asyncio task name.
+    ``write`` marks a read-write lock's writer (its field is ``<owner>:write``).
+    """
+
+    client_id: str
+    thread_id: int
+    hold_count: int
+    host: str | None = None
+    pid: int | None = None
+    process: str | None = None
+    thread: str | None = None
+    held_for: float | None = None
+    os_thread_id: int | None = None
+    write: bool = False
+
+    @property
+    def owner(self) -> str:
+        return f"{self.client_id}:{self.thread_id}"
+
+    @property
+    def field(self) -> str:
+        """The hash field as Redis has it (the writer's carries ``:write``)."""
+        return self.owner + (":write" if self.write else "")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"client_id": self.client_id, "thread_id": self.thread_id,
+                "hold_count": self.hold_count, "host": self.host, "pid": self.pid,
+                "process": self.process, "thread": self.thread, "held_for": self.held_for}
+
+    def describe(self) -> str:
+        """One line for logs: ``<field> (runserver pid 12 on web-1, thread Thread-3, 2.5 s)``."""
+        owner = self.field
+        if self.pid is None:
+            return owner
+        held = "" if self.held_for is None else f", held {self.held_for:.1f} s"
+        return (f"{owner} ({self.process} pid {self.pid} on {self.host}, thread {self.thread}"
+                f"{held})")
+
+
+@dataclass(frozen=True)
+class LockInfo:
+    """A live lock (or semaphore, latch) as read from Redis.
+
+    ``ttl`` is in seconds, ``inf`` when the key has no expiry. ``fields`` is the raw hash
+    (empty for the string kinds, whose raw value is ``value``). ``details`` holds what the kind
+    adds (see ``Locks``): permits, count, mode, readers and writer, queue, token.
+    """
+
+    name: str
+    key: str
+    ttl: float
+    holders: tuple[Holder, ...]
+    fields: dict[str, str] = field(repr=False)
+    kind: str = "lock"
+    details: dict[str, Any] = field(default_factory=dict)
+    value: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready: ``ttl`` is null for a key without expiry; the kind's details flat."""
+        return {
+            "name": self.name,
+            "key": self.key,
+            "ttl": None if self.ttl == float("inf") else self.ttl,
+            "holders": [h.as_dict() for h in self.holders],
+            "kind": self.kind,
+            **self.details,
+        }
+
+    def summary(self) -> str:
+        """The kind's details in a few words ("" for a plain lock)."""
+        kind = get(self.kind)
+        return "" if kind is None or kind.summary is None else kind.summary(self.details)
+
+
+def lease_text(seconds: float | None) -> str:
+    """A lease left, for a person: ``"1.250s"``, or ``"no expiry"``."""
+    return "no expiry" if seconds is None else f"{seconds:.3f}s"
+
+
+def entry_of(raw: Any, now: float) -> dict[str, Any] | None:
+    """An index value ``"<since> <json>"`` as a dict with ``held_for``; None if unreadable."""
+    t = text(raw)
+    if not t:
+        return None
+    since, _, blob = t.partition(" ")
+    try:
+        info = json.loads(blob)
+        info["held_for"] = max(0.0, now - float(since))
+    except (ValueError, TypeError):
+        return None
+    return info if isinstance(info, dict) else None
+
+
+def decoded(raw: Any) -> dict[str, str] | None:
+    if not isinstance(raw, dict) or not raw:
+        return None
+    fields: dict[str, str] = {}
+    for f, v in raw.items():
+        f, v = text(f), text(v)
+        if f is None or v is None:
+            return None
+        fields[f] = v
+    return fields
+
+
+def holders_of(fields: dict[str, str], entry: dict[str, Any] | None, modes: bool
+             ) -> tuple[Holder, ...] | None:
+    """The holders of a lock hash, or None if it is not one. With ``modes`` (a read-write
+    lock) its ``mode`` field is no holder, and its writer's field is ``<owner>:write``."""
+    holders = []
+    for f, v in fields.items():
+        if modes and f == "mode":
+            continue
+        m = _WRITER.fullmatch(f) if modes else None
+        write = m is not None
+        if m is None:
+            m = _FIELD.fullmatch(f)
+        if m is None or _COUNT.fullmatch(v) is None:
+            return None
+        holder = Holder(m.group(1), int(m.group(2)), int(v), write=write)
+        if entry is not None and entry.get("owner") == f:
+            holder = Holder(holder.client_id, holder.thread_id, holder.hold_count,
+                            _str(entry.get("host")), _int(entry.get("pid")),
+                            _str(entry.get("process")), _str(entry.get("thread")),
+                            round(float(entry["held_for"]), 3), _int(entry.get("os_thread_id")),
+                            write)
+        holders.append(holder)
+    return tuple(holders)
+
+
+def _str(v: Any) -> str | None:
+    return v if isinstance(v, str) else None
+
+
+def _int(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def kind_named(entry: dict[str, Any] | None, default: str | None) -> str | None:
+    """The kind an index entry names (``default`` if it names none); None without an entry."""
+    if entry is None:
+        return None
+    kind = entry.get("kind", default)
+    return kind if isinstance(kind, str) else None
+
+
+def seconds_left(score: Any, now_ms: float) -> float | None:
+    """A zset score (expiry, ms) as seconds left, None for never; 0 once past."""
+    try:
+        ms = float(score)
+    except (TypeError, ValueError):
+        return None
+    if ms >= NEVER_MS:
+        return None
+    return round(max(0.0, ms - now_ms) / 1000.0, 3)
+
+
+def count_of(reply: Any) -> int:
+    """LLEN / ZCARD reply; 0 for a wrong-type error."""
+    return reply if isinstance(reply, int) and not isinstance(reply, bool) else 0
