@@ -226,8 +226,9 @@ def check_kind(kind: Any, name: str) -> str | None:
     command."""
     if kind is not None and (not isinstance(kind, str)
                              or kinds.lock_factory(kind) is None):
-        known = ", ".join(repr(k) for k in kinds.lock_names())
-        raise ValueError(f"kind must be one of {known}, not {kind!r} (lock {name!r})")
+        known = sorted(k for k in kinds.lock_names() if k is not None)
+        listed = ", ".join(map(repr, known[:-1])) + f" or {known[-1]!r}"
+        raise ValueError(f"kind must be None, {listed}, not {kind!r} (lock {name!r})")
     return kind
 
 
