@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 import django_rlock
+from django_rlock.engine.scripts import ACQUIRE_SCRIPT
 
 ROOT = Path(__file__).parents[1]
 
@@ -69,6 +70,10 @@ def test_wheel_has_templates_migrations_and_py_typed(built):
                  "management/commands/locks.py"):
         assert f"django_rlock/{name}" in names, name
     assert not [n for n in names if n.startswith(("tests/", "testproject/", "demo/", "bench/"))]
+    # The Lua scripts are read from package data at import: every file ships.
+    lua = {p.name for p in (ROOT / "django_rlock/engine/lua").glob("*.lua")}
+    shipped = {n.rsplit("/", 1)[1] for n in names if n.startswith("django_rlock/engine/lua/")}
+    assert lua and lua <= shipped, sorted(lua - shipped)
     metadata = zipfile.ZipFile(wheel).read(
         f"django_rlock-{django_rlock.__version__}.dist-info/METADATA").decode()
     assert f"Version: {django_rlock.__version__}\n" in metadata
@@ -104,7 +109,9 @@ for name in ("change_list", "detail", "force_unlock_confirmation"):
     origin = Path(get_template(f"admin/django_rlock/lock/{name}.html").origin.name)
     assert origin.is_relative_to(here), origin
 assert ("django_rlock", "0001_initial") in MigrationLoader(None).disk_migrations
-print("ok", RLock.__name__, django_rlock.__version__)
+from django_rlock.engine.scripts import ACQUIRE_SCRIPT  # its Lua read from the wheel's files
+
+print("ok", RLock.__name__, django_rlock.__version__, ACQUIRE_SCRIPT.sha)
 """
 
 
@@ -124,4 +131,4 @@ def test_wheel_installs_into_a_fresh_venv_and_works(built, tmp_path):
     proc = subprocess.run([str(python), "-c", SMOKE], capture_output=True, text=True,
                           timeout=120, cwd=tmp_path, env={"PATH": os.environ.get("PATH", "")})
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == f"ok RLock {django_rlock.__version__}"
+    assert proc.stdout.strip() == f"ok RLock {django_rlock.__version__} {ACQUIRE_SCRIPT.sha}"

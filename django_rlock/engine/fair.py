@@ -47,145 +47,19 @@ from .aio import AsyncRLock
 from .kinds import Kind, declare
 from .lock import HoldKey, RLock, check_seconds
 from .lockinfo import lease_text
+from .lua import Script, source
 from .naming import FAIR_QUEUE_PREFIX, FAIR_TIMEOUT_PREFIX, UNLOCK_MESSAGE, prefix_name
-from .scripts import _STAMP, RENEW_SCRIPT, Script, acall_once, call_once
+from .scripts import RENEW_SCRIPT, acall_once, call_once
 from .watchdog import HoldKind
 
 logger = logging.getLogger("django_rlock")
 
-# -- Lua ----------------------------------------------------------------------------------------
-# Every script: KEYS[1] lock hash, KEYS[2] lock channel (a waiter's is KEYS[2] .. ':' .. owner),
-# KEYS[3] index, KEYS[4] queue list, KEYS[5] timeout zset.
-_LIB = """
-local t = redis.call('time')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
--- Drop the waiters first in line whose deadline has passed (or that have none); how many.
-local function prune()
-  local n = 0
-  while true do
-    local head = redis.call('lindex', KEYS[4], 0)
-    if not head then return n end
-    local s = tonumber(redis.call('zscore', KEYS[5], head))
-    if s and s > now then return n end
-    redis.call('lpop', KEYS[4])
-    redis.call('zrem', KEYS[5], head)
-    n = n + 1
-  end
-end
--- Wake the waiter first in line, on its own channel.
-local function notify(msg)
-  local head = redis.call('lindex', KEYS[4], 0)
-  if head then redis.call('publish', KEYS[2] .. ':' .. head, msg) end
-end
-"""
-
-# ARGV[1] lease ms, ARGV[2] owner, ARGV[3] holder info, ARGV[4] allowance ms (0: the no-wait
-# variant, which never queues), ARGV[5] message.
-# Reply: nil = acquired (new or reentrant); else how long (ms) the caller may park at most:
-# the holder's PTTL (-1: no expiry), or, the lock being free with another waiter first in line,
-# that waiter's time left (capped by the caller's lease).
-FAIR_ACQUIRE = _LIB + """
-local pruned = prune()
-local head = redis.call('lindex', KEYS[4], 0)
-local free = redis.call('exists', KEYS[1]) == 0
-if free and (not head or head == ARGV[2]) then
-  if head then
-    redis.call('lpop', KEYS[4])
-    redis.call('zrem', KEYS[5], ARGV[2])
-    local wait = tonumber(ARGV[4])
-    if wait > 0 then
-      local rest = redis.call('zrange', KEYS[5], 0, -1)
-      for i = 1, #rest do redis.call('zincrby', KEYS[5], -wait, rest[i]) end
-    end
-  end
-  redis.call('hincrby', KEYS[1], ARGV[2], 1)
-  redis.call('pexpire', KEYS[1], ARGV[1])
-  """ + _STAMP + """
-  redis.call('hset', KEYS[3], KEYS[1], stamp .. ' ' .. ARGV[3])
-  return nil
-end
-if redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
-  redis.call('hincrby', KEYS[1], ARGV[2], 1)
-  redis.call('pexpire', KEYS[1], ARGV[1])
-  return nil
-end
-if pruned > 0 and free then notify(ARGV[5]) end
-local pttl = redis.call('pttl', KEYS[1])
-local wait = tonumber(ARGV[4])
-if wait == 0 then return math.max(0, pttl) end
-if not redis.call('zscore', KEYS[5], ARGV[2]) then
-  local last = redis.call('lindex', KEYS[4], -1)
-  local base = last and tonumber(redis.call('zscore', KEYS[5], last))
-  if not base then base = now + math.max(0, pttl) end
-  if redis.call('zadd', KEYS[5], base + wait, ARGV[2]) == 1 then
-    redis.call('rpush', KEYS[4], ARGV[2])
-  end
-end
-if free then
-  local s = tonumber(redis.call('zscore', KEYS[5], head)) or now
-  return math.max(0, math.min(s - now, tonumber(ARGV[1])))
-end
-return pttl
-"""
-
-# ARGV[1] owner, ARGV[2] lease ms in force, ARGV[3] message.
-# Reply: nil = not held by the owner (the head is woken if the lock is gone); 0 = still held;
-# 1 = released (the head, if any, woken).
-FAIR_RELEASE = _LIB + """
-prune()
-if redis.call('exists', KEYS[1]) == 0 then
-  notify(ARGV[3])
-  return nil
-end
-if redis.call('hexists', KEYS[1], ARGV[1]) == 0 then return nil end
-if redis.call('hincrby', KEYS[1], ARGV[1], -1) > 0 then
-  redis.call('pexpire', KEYS[1], ARGV[2])
-  return 0
-end
-redis.call('del', KEYS[1])
-redis.call('hdel', KEYS[3], KEYS[1])
-notify(ARGV[3])
-return 1
-"""
-
-# ARGV[1] message. Reply: 1 deleted (the head woken), 0 not locked. The queue stays. A key
-# recreated as something else since a listing read it is left alone.
-FAIR_FORCE = _LIB + """
-if redis.call('type', KEYS[1]).ok ~= 'hash' then return 0 end
-prune()
-redis.call('hdel', KEYS[3], KEYS[1])
-if redis.call('del', KEYS[1]) == 1 then
-  notify(ARGV[1])
-  return 1
-end
-return 0
-"""
-
-# The watchdog's release of a hold whose owner ended. ARGV[1] owner, ARGV[2] message.
-# Reply: 1 deleted (the head woken), 0 not held by it.
-FAIR_END = _LIB + """
-if redis.call('hexists', KEYS[1], ARGV[1]) == 0 then return 0 end
-redis.call('del', KEYS[1])
-redis.call('hdel', KEYS[3], KEYS[1])
-prune()
-notify(ARGV[2])
-return 1
-"""
-
-# Redisson's acquireFailed: a waiter gives up (budget spent, error, cancelled). ARGV[1] owner,
-# ARGV[2] its allowance ms, ARGV[3] message. Everyone behind it moves up by its allowance; if it
-# was first in line and the lock is free, the new head is woken. Reply: 1 left, 0 not queued.
-FAIR_GIVE_UP = _LIB + """
-local q = redis.call('lrange', KEYS[4], 0, -1)
-local i = 1
-while i <= #q and q[i] ~= ARGV[1] do i = i + 1 end
-redis.call('zrem', KEYS[5], ARGV[1])
-if i > #q then return 0 end
-for j = i + 1, #q do redis.call('zincrby', KEYS[5], -tonumber(ARGV[2]), q[j]) end
-redis.call('lrem', KEYS[4], 0, ARGV[1])
-if i == 1 and redis.call('exists', KEYS[1]) == 0 then notify(ARGV[3]) end
-return 1
-"""
+# -- Lua: ``lua/fair_*.lua`` (KEYS, ARGV and the reply in each file's header) ------------------
+FAIR_ACQUIRE = source("fair_acquire")
+FAIR_RELEASE = source("fair_release")
+FAIR_FORCE = source("fair_force")
+FAIR_END = source("fair_end")
+FAIR_GIVE_UP = source("fair_give_up")
 
 FAIR_ACQUIRE_SCRIPT = Script(FAIR_ACQUIRE)
 FAIR_RELEASE_SCRIPT = Script(FAIR_RELEASE)

@@ -18,40 +18,15 @@ from typing import Any
 
 from . import pubsub
 from .kinds import SEMAPHORE_OR_LATCH, Kind, declare
+from .lua import Script, source
 from .naming import READ_UNLOCK_MESSAGE, latch_channel
-from .scripts import _STAMP, Script, acall_once, call_once
+from .scripts import acall_once, call_once
 from .semaphore import RECHECK, _Named
 
-# KEYS[1] key, KEYS[2] channel, KEYS[3] index; ARGV[1] count. Reply 1 = set, 0 = it has one.
-LATCH_TRY_SET = """
-if redis.call('exists', KEYS[1]) == 1 then return 0 end
-redis.call('set', KEYS[1], ARGV[1])
-""" + _STAMP + """
-redis.call('hset', KEYS[3], KEYS[1], stamp .. ' {"kind":"latch"}')
-redis.call('publish', KEYS[2], '1')
-return 1
-"""
-
-# KEYS as LATCH_TRY_SET. Reply: the count now (0 when it is open).
-LATCH_COUNT_DOWN = """
-local v = redis.call('decr', KEYS[1])
-if v <= 0 then
-  redis.call('del', KEYS[1])
-  redis.call('hdel', KEYS[3], KEYS[1])
-end
-if v == 0 then redis.call('publish', KEYS[2], '0') end
-return math.max(v, 0)
-"""
-
-# KEYS as LATCH_TRY_SET. Reply 1 = deleted (and published), 0 = there was none.
-LATCH_DELETE = """
-redis.call('hdel', KEYS[3], KEYS[1])
-if redis.call('del', KEYS[1]) == 1 then
-  redis.call('publish', KEYS[2], '1')
-  return 1
-end
-return 0
-"""
+# KEYS, ARGV and the reply of each: ``lua/latch_*.lua``.
+LATCH_TRY_SET = source("latch_try_set")
+LATCH_COUNT_DOWN = source("latch_count_down")
+LATCH_DELETE = source("latch_delete")
 
 LATCH_TRY_SET_SCRIPT = Script(LATCH_TRY_SET)
 LATCH_COUNT_DOWN_SCRIPT = Script(LATCH_COUNT_DOWN)

@@ -21,32 +21,10 @@ from .aio import AsyncRLock
 from .errors import LockReentryError
 from .kinds import Kind, declare
 from .lock import HoldKey, RLock
-from .scripts import _STAMP, Script
+from .lua import Script, source
 from .watchdog import watchdog
 
-# KEYS[1] lock hash, KEYS[2] index; ARGV[1] lease ms, ARGV[2] owner field, ARGV[3] holder info,
-# ARGV[4] "fresh" (the owner holds nothing as far as its process knows) or "".
-# Reply: nil = acquired (count 1); the holder's PTTL (-1: no expiry); or the error
-# NON_REENTRANT_REACQUIRE when the owner holds it already.
-NON_REENTRANT_ACQUIRE = """
-if redis.call('exists', KEYS[1]) == 0 then
-  redis.call('hset', KEYS[1], ARGV[2], 1)
-  redis.call('pexpire', KEYS[1], ARGV[1])
-  """ + _STAMP + """
-  redis.call('hset', KEYS[2], KEYS[1], stamp .. ' ' .. ARGV[3])
-  return nil
-end
-if redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
-  if ARGV[4] ~= 'fresh' then
-    return redis.error_reply('NON_REENTRANT_REACQUIRE')
-  end
-  redis.call('hset', KEYS[1], ARGV[2], 1)
-  redis.call('pexpire', KEYS[1], ARGV[1])
-  return nil
-end
-return redis.call('pttl', KEYS[1])
-"""
-
+NON_REENTRANT_ACQUIRE = source("non_reentrant_acquire")
 NON_REENTRANT_ACQUIRE_SCRIPT = Script(NON_REENTRANT_ACQUIRE)
 
 #: The error reply of a reacquire (Redisson's).

@@ -9,7 +9,6 @@ release it produces a false "not owner" (#4871). A failure here propagates uncha
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -32,269 +31,22 @@ from .clients import (
     node_client,
     own_connection,
     refresh,
-    sharded,
 )
+from .lua import Script, source
 from .naming import DIRECT_TOKEN_MARK, WAKE_CHANNEL_PREFIX
-
-# The index (``naming.index_key``): one hash per prefix, field = lock key, value =
-# "<server time, s.us> <json about the holder>". Written only where a holder starts (a new lock,
-# a hand-off) and removed where the key is deleted: never on reentry or renewal, so it costs the
-# hot path a TIME and an HSET per new lock. Entries of locks that expired are pruned on read.
-_STAMP = "local t = redis.call('time'); local stamp = t[1] .. '.' .. string.format('%06d', tonumber(t[2]))"
-
-_NOW_MS = ("local t = redis.call('time'); "
-           "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)")
 
 #: Reply of an acquire in claim mode whose owner was granted the lock meanwhile (it holds it
 #: already: nothing is counted twice; the grant's short lease is now the full one).
 CLAIMED = -3
 
-# KEYS[1] lock hash, KEYS[2] index, KEYS[3] hand-off queue, KEYS[4] hand-off waiters (3 and 4
-# only with a token); ARGV[1] lease ms, ARGV[2] owner field, ARGV[3] holder info, ARGV[4] mode:
-# "" (a reentrant first attempt), "fresh" (a first attempt by an owner that holds nothing as
-# far as its process knows: a field of its already there is a grant nobody took, taken as a
-# new hold at count 1, never counted on top) or "claim" (a waiter's retry), ARGV[5] token (a
-# waiter: registered if the attempt fails), ARGV[6] its budget ms (-1: none), ARGV[7] slack ms
-# past the holder's PTTL, ARGV[8] grant lease ms.
-# Reply: nil = acquired (new or reentrant); CLAIMED (see above); else the holder's PTTL (-1:
-# no expiry), and the waiter is registered: queued once per token, its entry valid until its
-# budget ends or the holder's PTTL plus the slack has passed (it re-registers on every retry).
-ACQUIRE = """
-if ARGV[4] == 'claim' and redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
-  redis.call('pexpire', KEYS[1], ARGV[1])
-  return """ + str(CLAIMED) + """
-end
-if redis.call('exists', KEYS[1]) == 0 then
-  redis.call('hincrby', KEYS[1], ARGV[2], 1)
-  redis.call('pexpire', KEYS[1], ARGV[1])
-  """ + _STAMP + """
-  redis.call('hset', KEYS[2], KEYS[1], stamp .. ' ' .. ARGV[3])
-  if ARGV[4] == 'claim' and KEYS[4] then
-    redis.call('hdel', KEYS[4], ARGV[5], '=' .. ARGV[2])
-  end
-  return nil
-end
-if redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
-  if ARGV[4] == 'fresh' then
-    redis.call('hset', KEYS[1], ARGV[2], 1)
-  else
-    redis.call('hincrby', KEYS[1], ARGV[2], 1)
-  end
-  redis.call('pexpire', KEYS[1], ARGV[1])
-  return nil
-end
-local ttl = redis.call('pttl', KEYS[1])
-if ARGV[5] then
-  """ + _NOW_MS + """
-  local valid = ttl
-  if valid < 0 then valid = 60000 end
-  valid = valid + tonumber(ARGV[7])
-  local budget = tonumber(ARGV[6])
-  if budget >= 0 and budget < valid then valid = budget end
-  local entry = (now + valid) .. ' ' .. ARGV[8] .. ' ' .. ARGV[3]
-  if redis.call('hexists', KEYS[4], ARGV[5]) == 0 then
-    redis.call('rpush', KEYS[3], ARGV[5])
-  end
-  redis.call('hset', KEYS[4], ARGV[5], entry)
-  if redis.call('pttl', KEYS[4]) < valid then
-    redis.call('pexpire', KEYS[4], valid)
-    redis.call('pexpire', KEYS[3], valid)
-  end
-end
-return ttl
-"""
-
-# KEYS[1] lock hash, KEYS[2] channel, KEYS[3] index, KEYS[4] hand-off queue, KEYS[5] hand-off
-# waiters, KEYS[6] grant channel (4 to 6: kinds that hand off between processes); ARGV[1]
-# owner, ARGV[2] lease ms in force, ARGV[3] message, ARGV[4] next owner (a waiter of the
-# releasing process that is not registered, or ""), ARGV[5] its lease ms, ARGV[6] how many
-# subscribers the releasing process itself accounts for, ARGV[7] the next owner's holder info,
-# ARGV[8] a token to withdraw (a waiter giving up: its own release if that very token was
-# granted the lock, recorded as "=<owner>" in the waiters hash until the owner's hold ends;
-# else its entry is dropped), ARGV[9] the releasing process's token prefix: a grant
-# to one of its own waiters is not published (the reply tells it).
-# Reply: nil = not owner; 0 = still held (count > 0, TTL reset to the lease in force);
-# a token (string) = granted to that registered waiter, short lease, named on KEYS[6] (or,
-# for a token ending in DIRECT_TOKEN_MARK, on its owner's wake channel only, and only if
-# someone listens there: else that waiter is skipped as dead);
-# -1 = handed to ARGV[4] (only when no other process waits: it never sees the lock free);
-# n >= 1 = released, and n - 1 subscribers got the message (1 when every subscriber is a
-# django-rlock process with nobody in line: none of them is owed the first go).
-# A foreign subscriber (on KEYS[2] but not on KEYS[6]: a Redisson client, another kind) is
-# never starved: while one waits, every other release frees the lock with Redisson's "0"
-# (whoever is first takes it), and the line is granted the others ("!turn" in KEYS[5]).
-RELEASE = """
-if ARGV[8] and ARGV[8] ~= '' and redis.call('hget', KEYS[5], '=' .. ARGV[1]) ~= ARGV[8] then
-  redis.call('hdel', KEYS[5], ARGV[8])
-  return nil
-end
-local count = tonumber(redis.call('hget', KEYS[1], ARGV[1]))
-if not count then
-  return nil
-end
-if count > 1 then
-  redis.call('hincrby', KEYS[1], ARGV[1], -1)
-  redis.call('pexpire', KEYS[1], ARGV[2])
-  return 0
-end
-local foreign = nil
-local function outsiders()
-  local subs = redis.call('pubsub', 'numsub', KEYS[2], KEYS[6])
-  return subs[2] > subs[4]
-end
-local queued = KEYS[6] and redis.call('exists', KEYS[5]) == 1
-if queued then
-  redis.call('hdel', KEYS[5], '=' .. ARGV[1])
-end
-if queued and redis.call('llen', KEYS[4]) > 0 then
-  foreign = outsiders()
-  local grant = not foreign
-  if foreign then
-    -- Someone outside the line waits too (a Redisson client): it gets every other release of
-    -- ours (freed with "0"), the line the others, so neither side can starve the other.
-    grant = redis.call('hget', KEYS[5], '!turn') == 'line'
-    redis.call('hset', KEYS[5], '!turn', grant and 'free' or 'line')
-  end
-  if grant then
-    """ + _NOW_MS + """
-    while true do
-      local token = redis.call('lpop', KEYS[4])
-      if not token then
-        break
-      end
-      local entry = redis.call('hget', KEYS[5], token)
-      if entry then
-        redis.call('hdel', KEYS[5], token)
-        local deadline, grant, info = string.match(entry, '^(%d+) (%d+) (.*)$')
-        local heir = string.match(token, '^(.*)#')
-        local own = ARGV[9] or ''
-        local ours = own ~= '' and string.sub(token, 1, #own) == own
-        local direct = not ours and string.sub(token, -1) == '""" + DIRECT_TOKEN_MARK + """'
-        -- A waiter with a line of its own hears its grant there, and nobody else does; no
-        -- receiver means its process is gone (its subscription went with it): skip it.
-        if tonumber(deadline) > now and (not direct or
-            redis.call('publish', '""" + WAKE_CHANNEL_PREFIX + """:' .. heir, token) > 0) then
-          redis.call('del', KEYS[1])
-          redis.call('hset', KEYS[1], heir, 1)
-          redis.call('hset', KEYS[5], '=' .. heir, token)
-          redis.call('pexpire', KEYS[1], grant)
-          """ + _STAMP + """
-          redis.call('hset', KEYS[3], KEYS[1], stamp .. ' ' .. info)
-          if not ours and not direct then
-            redis.call('publish', KEYS[6], token)
-          end
-          return token
-        end
-      end
-    end
-  end
-end
-if ARGV[4] and ARGV[4] ~= '' and redis.call('pubsub', 'numsub', KEYS[2])[2] <= tonumber(ARGV[6])
-then
-  redis.call('hdel', KEYS[1], ARGV[1])
-  redis.call('hset', KEYS[1], ARGV[4], 1)
-  redis.call('pexpire', KEYS[1], ARGV[5])
-  """ + _STAMP + """
-  redis.call('hset', KEYS[3], KEYS[1], stamp .. ' ' .. ARGV[7])
-  return -1
-end
-redis.call('del', KEYS[1])
-redis.call('hdel', KEYS[3], KEYS[1])
-local n = redis.call('publish', KEYS[2], ARGV[3])
-if n > 0 and KEYS[6] and foreign == nil then
-  foreign = outsiders()
-end
-if foreign == false then
-  return 1
-end
-return 1 + n
-"""
-
-# KEYS = lock hashes; ARGV = owner, lease ms for each key in turn.
-# Reply: one 1 (renewed) or 0 (gone or no longer ours: lost) per key.
-RENEW = """
-local result = {}
-for i = 1, #KEYS do
-  if redis.call('hexists', KEYS[i], ARGV[2 * i - 1]) == 1 then
-    redis.call('pexpire', KEYS[i], ARGV[2 * i])
-    result[i] = 1
-  else
-    result[i] = 0
-  end
-end
-return result
-"""
-
-# KEYS[1] lock hash, KEYS[2] channel, KEYS[3] index; ARGV[1] message.
-# Reply: 1 deleted (and published), 0 none.
-FORCE_UNLOCK = """
-redis.call('hdel', KEYS[3], KEYS[1])
-if redis.call('del', KEYS[1]) == 1 then
-  redis.call('publish', KEYS[2], ARGV[1])
-  return 1
-end
-return 0
-"""
-
-
-# KEYS[1] lock hash, KEYS[2] channel, KEYS[3] index; ARGV[1] owner, ARGV[2] message. Drops
-# every hold of one owner that can never release it (its thread or task has ended).
-# Reply: 1 deleted, 0 not held by it.
-FORCE_UNLOCK_OWNER = """
-if redis.call('hexists', KEYS[1], ARGV[1]) == 1 then
-  redis.call('del', KEYS[1])
-  redis.call('hdel', KEYS[3], KEYS[1])
-  redis.call('publish', KEYS[2], ARGV[2])
-  return 1
-end
-return 0
-"""
-
-# KEYS[1] index, KEYS[2..n] lock keys read as gone. Drops their entries unless the key exists
-# again (taken since the read): a listing never unlists a live lock.
-PRUNE_INDEX = """
-local n = 0
-for i = 2, #KEYS do
-  if redis.call('exists', KEYS[i]) == 0 then
-    n = n + redis.call('hdel', KEYS[1], KEYS[i])
-  end
-end
-return n
-"""
-
-
-class Script:
-    """A Lua source with its SHA1, computed locally so no SCRIPT LOAD round trip is needed.
-
-    ``sharded``: the same script for a server whose lock channels are shard channels
-    (``clients.sharded``): SPUBLISH and PUBSUB SHARDNUMSUB on them. A wake line's channel is
-    named by owner, in no slot: it stays a classic PUBLISH (which a cluster broadcasts).
-    """
-
-    __slots__ = ("source", "sha", "_sharded")
-
-    def __init__(self, source: str) -> None:
-        self.source = source
-        self.sha = hashlib.sha1(source.encode()).hexdigest()
-        self._sharded: Script | None = None
-
-    def __repr__(self) -> str:
-        return f"Script({self.sha[:8]})"
-
-    @property
-    def sharded(self) -> Script:
-        if self._sharded is None:
-            wake = "redis.call('publish', '" + WAKE_CHANNEL_PREFIX
-            src = (self.source.replace("redis.call('publish', ", "redis.call('spublish', ")
-                   .replace("redis.call('spublish', '" + WAKE_CHANNEL_PREFIX, wake)
-                   .replace("'pubsub', 'numsub'", "'pubsub', 'shardnumsub'"))
-            self._sharded = self if src == self.source else Script(src)
-        return self._sharded
-
-    def on(self, client: Any) -> Script:
-        """The variant to send on ``client``'s server."""
-        return self.sharded if sharded(client) else self
-
+# The scripts: KEYS, ARGV and the reply of each are in its file's header (``lua/<name>.lua``).
+ACQUIRE = source("acquire", CLAIMED=CLAIMED)
+RELEASE = source("release", DIRECT_TOKEN_MARK=DIRECT_TOKEN_MARK,
+                 WAKE_CHANNEL_PREFIX=WAKE_CHANNEL_PREFIX)
+RENEW = source("renew")
+FORCE_UNLOCK = source("force_unlock")
+FORCE_UNLOCK_OWNER = source("force_unlock_owner")
+PRUNE_INDEX = source("prune_index")
 
 ACQUIRE_SCRIPT = Script(ACQUIRE)
 RELEASE_SCRIPT = Script(RELEASE)
@@ -552,34 +304,9 @@ async def _aredirected(cluster: Any, exc: Exception, script: Script, keys: tuple
     raise exc.args[0] if isinstance(exc, _NotSent) else exc
 
 
-# Enqueue de-duplication marks: a hash in lock layout whose one field is "<task id>:0", so the
-# watchdog can renew it while the task runs and `locks list` shows which task holds it.
-# KEYS[1] mark, KEYS[2] (optional) index; ARGV[1] field, ARGV[2] ttl ms, ARGV[3] holder info.
-# Reply: nil = ours now (new, or our own retry: TTL reset); else the field that holds it.
-MARK_CLAIM = """
-if redis.call('exists', KEYS[1]) == 0 or redis.call('hexists', KEYS[1], ARGV[1]) == 1 then
-  if KEYS[2] and redis.call('exists', KEYS[1]) == 0 then
-    """ + _STAMP + """
-    redis.call('hset', KEYS[2], KEYS[1], stamp .. ' ' .. ARGV[3])
-  end
-  redis.call('hset', KEYS[1], ARGV[1], 1)
-  redis.call('pexpire', KEYS[1], ARGV[2])
-  return nil
-end
-return redis.call('hkeys', KEYS[1])[1]
-"""
-
-# KEYS[1] mark, KEYS[2] (optional) index; ARGV[1] field. Reply: 1 if it was ours and is gone.
-MARK_RELEASE = """
-if redis.call('hexists', KEYS[1], ARGV[1]) == 1 then
-  redis.call('del', KEYS[1])
-  if KEYS[2] then
-    redis.call('hdel', KEYS[2], KEYS[1])
-  end
-  return 1
-end
-return 0
-"""
+# Enqueue de-duplication marks (the Celery layer's): ``lua/mark_claim.lua``, ``mark_release.lua``.
+MARK_CLAIM = source("mark_claim")
+MARK_RELEASE = source("mark_release")
 
 MARK_CLAIM_SCRIPT = Script(MARK_CLAIM)
 MARK_RELEASE_SCRIPT = Script(MARK_RELEASE)

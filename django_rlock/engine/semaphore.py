@@ -39,8 +39,9 @@ from .errors import LockNotOwnedError
 from .kinds import Kind, declare
 from .lock import check_name, check_seconds
 from .lockinfo import lease_text
+from .lua import Script, source
 from .naming import SEMAPHORE_CHANNEL_PREFIX, index_key, prefix_name, suffix_name
-from .scripts import _STAMP, Script, acall_once, call, call_once
+from .scripts import acall_once, call, call_once
 from .watchdog import HoldKind, server_id, watchdog
 
 logger = logging.getLogger("django_rlock")
@@ -54,195 +55,21 @@ RECHECK = 5.0
 _background: set[asyncio.Future[Any]] = set()
 
 
-# -- Lua shared by the kinds -------------------------------------------------------------------
-def _made(kind: str) -> str:
-    """``made(key, index)``: list ``key`` in the index if it does not exist yet (call it just
-    before a write that may create it)."""
-    return """
-local function made(key, index)
-  if redis.call('exists', key) == 0 then
-    """ + _STAMP + """
-    redis.call('hset', index, key, stamp .. ' KIND')
-  end
-end
-""".replace("KIND", '{"kind":"' + kind + '"}')
-
-
-# Milliseconds of server time, and a permit id (32 hex chars) as its 16 raw bytes.
-_NOW = """
-local function now_ms()
-  local t = redis.call('time')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-local function raw(hex)
-  return (string.gsub(hex, '..', function(c) return string.char(tonumber(c, 16)) end))
-end
-local function ms(x) return string.format('%.0f', x) end
-"""
-
-# -- Semaphore ---------------------------------------------------------------------------------
-_SEM = _made("semaphore")
-
-# KEYS[1] key; ARGV[1] permits. Reply 1 = taken, 0 = not enough.
-SEM_ACQUIRE = """
-local v = redis.call('get', KEYS[1])
-if v ~= false and tonumber(v) >= tonumber(ARGV[1]) then
-  redis.call('decrby', KEYS[1], ARGV[1])
-  return 1
-end
-return 0
-"""
-
-# KEYS[1] key, KEYS[2] channel, KEYS[3] index; ARGV[1] permits. Reply: permits now.
-SEM_RELEASE = _SEM + """
-made(KEYS[1], KEYS[3])
-local v = redis.call('incrby', KEYS[1], ARGV[1])
-redis.call('publish', KEYS[2], v)
-return v
-"""
-
-# KEYS as SEM_RELEASE; ARGV[1] permits. Reply 1 = set (it had none), 0 = kept its own.
-SEM_TRY_SET = _SEM + """
-if redis.call('exists', KEYS[1]) == 1 then return 0 end
-made(KEYS[1], KEYS[3])
-redis.call('set', KEYS[1], ARGV[1])
-redis.call('publish', KEYS[2], ARGV[1])
-return 1
-"""
-
-# KEYS as SEM_RELEASE; ARGV[1] permits to add (may be negative). Reply: permits now.
-SEM_ADD = _SEM + """
-made(KEYS[1], KEYS[3])
-local v = tonumber(redis.call('get', KEYS[1]) or 0) + tonumber(ARGV[1])
-redis.call('set', KEYS[1], v)
-redis.call('publish', KEYS[2], v)
-return v
-"""
-
-# KEYS[1] key. Reply: the permits taken (all there were).
-SEM_DRAIN = """
-local v = redis.call('get', KEYS[1])
-if v == false then return 0 end
-redis.call('set', KEYS[1], 0)
-return tonumber(v)
-"""
-
-# KEYS[1..n-1] keys, KEYS[n] index. Reply: keys deleted.
-DELETE = """
-local n = 0
-for i = 1, #KEYS - 1 do n = n + redis.call('del', KEYS[i]) end
-redis.call('hdel', KEYS[#KEYS], KEYS[1])
-return n
-"""
-
-# KEYS[1] the counter, KEYS[2] the zset of permits taken (none for a plain semaphore), KEYS[3]
-# index; ARGV[1] channel, ARGV[2] message, ARGV[3], ARGV[4] (optional) a second channel and
-# message (a string that may be a latch as well). The force-unlock of a semaphore: a key
-# recreated as something else since it was read is left alone. Reply: 1 deleted, 0 none.
-SEMAPHORE_FORCE = """
-if redis.call('type', KEYS[1]).ok ~= 'string' then return 0 end
-redis.call('del', KEYS[1], KEYS[2])
-redis.call('hdel', KEYS[3], KEYS[1])
-redis.call('publish', ARGV[1], ARGV[2])
-if ARGV[3] then redis.call('publish', ARGV[3], ARGV[4]) end
-return 1
-"""
-
-# -- PermitExpirableSemaphore ------------------------------------------------------------------
-# KEYS[1] key (available), KEYS[2] timeout zset, KEYS[3] channel, KEYS[4] index in every script.
-_PES = _made("permits") + _NOW + """
-local function reclaim(now)
-  local n = redis.call('zremrangebyscore', KEYS[2], '-inf', ms(now))
-  if n > 0 then
-    made(KEYS[1], KEYS[4])
-    redis.call('publish', KEYS[3], redis.call('incrby', KEYS[1], n))
-  end
-end
-local now = now_ms()
-"""
-
-# ARGV[1] permit id (hex), ARGV[2] lease ms. Reply: nil = taken; else ms to the nearest expiry
-# of a taken permit (-1: none has one).
-PES_ACQUIRE = _PES + """
-reclaim(now)
-local v = redis.call('get', KEYS[1])
-if v ~= false and tonumber(v) >= 1 then
-  redis.call('decr', KEYS[1])
-  redis.call('zadd', KEYS[2], ms(now + tonumber(ARGV[2])), raw(ARGV[1]))
-  local ttl = redis.call('pttl', KEYS[1])
-  if ttl > 0 then redis.call('pexpire', KEYS[2], ttl) end
-  return nil
-end
-local first = redis.call('zrange', KEYS[2], 0, 0, 'withscores')
-if first[2] then return math.max(0, tonumber(first[2]) - now) end
-return -1
-"""
-
-# ARGV[1] permit id (hex). Reply 1 = released (and published), 0 = unknown or expired.
-PES_RELEASE = _PES + """
-reclaim(now)
-if redis.call('zrem', KEYS[2], raw(ARGV[1])) == 0 then return 0 end
-made(KEYS[1], KEYS[4])
-redis.call('publish', KEYS[3], redis.call('incrby', KEYS[1], 1))
-return 1
-"""
-
-# ARGV[1] permit id (hex), ARGV[2] lease ms. Reply 1 = its expiry is now + lease, 0 = unknown.
-PES_UPDATE = _PES + """
-reclaim(now)
-if not redis.call('zscore', KEYS[2], raw(ARGV[1])) then return 0 end
-redis.call('zadd', KEYS[2], 'XX', ms(now + tonumber(ARGV[2])), raw(ARGV[1]))
-return 1
-"""
-
-# ARGV[1] permits. Reply 1 = set, 0 = it has a count already. A semaphore whose counter is gone
-# while permits are still out (the key alone deleted) counts those as taken: at most ARGV[1]
-# permits are ever out at once. Expired ones are dropped (nothing counts them back).
-PES_TRY_SET = _PES + """
-if redis.call('exists', KEYS[1]) == 1 then
-  reclaim(now)
-  return 0
-end
-redis.call('zremrangebyscore', KEYS[2], '-inf', ms(now))
-local v = tonumber(ARGV[1]) - redis.call('zcard', KEYS[2])
-made(KEYS[1], KEYS[4])
-redis.call('set', KEYS[1], v)
-redis.call('publish', KEYS[3], v)
-return 1
-"""
-
-# ARGV[1] permits to add (may be negative). Reply: permits available now.
-PES_ADD = _PES + """
-reclaim(now)
-made(KEYS[1], KEYS[4])
-local v = tonumber(redis.call('get', KEYS[1]) or 0) + tonumber(ARGV[1])
-redis.call('set', KEYS[1], v)
-redis.call('publish', KEYS[3], v)
-return v
-"""
-
-# Reply: permits available (expired ones counted back first).
-PES_AVAILABLE = _PES + """
-reclaim(now)
-return tonumber(redis.call('get', KEYS[1]) or 0)
-"""
-
-# The watchdog's renewal: KEYS = timeout zsets, ARGV = (permit id hex, lease ms) per key.
-# Reply: 1 per permit still there (its expiry moved to now + lease), else 0 (lost).
-PES_RENEW = _NOW + """
-local now = now_ms()
-local result = {}
-for i = 1, #KEYS do
-  local id = raw(ARGV[2 * i - 1])
-  if redis.call('zscore', KEYS[i], id) then
-    redis.call('zadd', KEYS[i], 'XX', ms(now + tonumber(ARGV[2 * i])), id)
-    result[i] = 1
-  else
-    result[i] = 0
-  end
-end
-return result
-"""
+# -- Lua: ``lua/sem_*.lua``, ``lua/pes_*.lua`` (KEYS, ARGV and the reply in each file's header) -
+SEM_ACQUIRE = source("sem_acquire")
+SEMAPHORE_FORCE = source("sem_force")
+SEM_RELEASE = source("sem_release")
+SEM_TRY_SET = source("sem_try_set")
+SEM_ADD = source("sem_add")
+SEM_DRAIN = source("sem_drain")
+DELETE = source("sem_delete")
+PES_ACQUIRE = source("pes_acquire")
+PES_RELEASE = source("pes_release")
+PES_UPDATE = source("pes_update")
+PES_TRY_SET = source("pes_try_set")
+PES_ADD = source("pes_add")
+PES_AVAILABLE = source("pes_available")
+PES_RENEW = source("pes_renew")
 
 SEM_ACQUIRE_SCRIPT = Script(SEM_ACQUIRE)
 SEM_RELEASE_SCRIPT = Script(SEM_RELEASE)

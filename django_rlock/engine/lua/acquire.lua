@@ -1,0 +1,57 @@
+-- RLock's acquire (and every lock kind's that hands off: a waiter registers in the line).
+-- KEYS[1] lock hash, KEYS[2] index, KEYS[3] hand-off queue, KEYS[4] hand-off waiters (3 and 4
+-- only with a token).
+-- ARGV[1] lease ms, ARGV[2] owner field, ARGV[3] holder info, ARGV[4] mode: "" (a reentrant
+-- first attempt), "fresh" (a first attempt by an owner that holds nothing as far as its
+-- process knows: a field of its already there is a grant nobody took, taken as a new hold at
+-- count 1, never counted on top) or "claim" (a waiter's retry), ARGV[5] token (a waiter:
+-- registered if the attempt fails), ARGV[6] its budget ms (-1: none), ARGV[7] slack ms past
+-- the holder's PTTL, ARGV[8] grant lease ms.
+-- Reply: nil = acquired (new or reentrant); {{CLAIMED}} = scripts.CLAIMED (claim mode: the
+-- owner was granted the lock meanwhile and holds it already: nothing is counted twice; the
+-- grant's short lease is now the full one); else the holder's PTTL (-1: no expiry), and the
+-- waiter is registered: queued once per token, its entry valid until its budget ends or the
+-- holder's PTTL plus the slack has passed (it re-registers on every retry).
+
+if ARGV[4] == 'claim' and redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
+  redis.call('pexpire', KEYS[1], ARGV[1])
+  return {{CLAIMED}}
+end
+if redis.call('exists', KEYS[1]) == 0 then
+  redis.call('hincrby', KEYS[1], ARGV[2], 1)
+  redis.call('pexpire', KEYS[1], ARGV[1])
+  -- #include stamp
+  redis.call('hset', KEYS[2], KEYS[1], stamp .. ' ' .. ARGV[3])
+  if ARGV[4] == 'claim' and KEYS[4] then
+    redis.call('hdel', KEYS[4], ARGV[5], '=' .. ARGV[2])
+  end
+  return nil
+end
+if redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
+  if ARGV[4] == 'fresh' then
+    redis.call('hset', KEYS[1], ARGV[2], 1)
+  else
+    redis.call('hincrby', KEYS[1], ARGV[2], 1)
+  end
+  redis.call('pexpire', KEYS[1], ARGV[1])
+  return nil
+end
+local ttl = redis.call('pttl', KEYS[1])
+if ARGV[5] then
+  -- #include now_ms
+  local valid = ttl
+  if valid < 0 then valid = 60000 end
+  valid = valid + tonumber(ARGV[7])
+  local budget = tonumber(ARGV[6])
+  if budget >= 0 and budget < valid then valid = budget end
+  local entry = (now + valid) .. ' ' .. ARGV[8] .. ' ' .. ARGV[3]
+  if redis.call('hexists', KEYS[4], ARGV[5]) == 0 then
+    redis.call('rpush', KEYS[3], ARGV[5])
+  end
+  redis.call('hset', KEYS[4], ARGV[5], entry)
+  if redis.call('pttl', KEYS[4]) < valid then
+    redis.call('pexpire', KEYS[4], valid)
+    redis.call('pexpire', KEYS[3], valid)
+  end
+end
+return ttl

@@ -1,0 +1,17 @@
+-- FairLock's force unlock (Redisson's): the queue stays, its head is woken. A key recreated as
+-- something else since a listing read it is left alone.
+-- KEYS[1] lock hash, KEYS[2] lock channel (a waiter's is KEYS[2] .. ':' .. owner), KEYS[3] index,
+-- KEYS[4] queue list, KEYS[5] timeout zset.
+-- ARGV[1] message.
+-- Reply: 1 deleted (the head woken), 0 not locked.
+
+-- #include fair
+
+if redis.call('type', KEYS[1]).ok ~= 'hash' then return 0 end
+prune()
+redis.call('hdel', KEYS[3], KEYS[1])
+if redis.call('del', KEYS[1]) == 1 then
+  notify(ARGV[1])
+  return 1
+end
+return 0

@@ -1,0 +1,17 @@
+-- Claims an enqueue de-duplication mark: a hash in lock layout whose one field is
+-- "<task id>:0", so the watchdog can renew it while the task runs and `locks list` shows which
+-- task holds it.
+-- KEYS[1] mark, KEYS[2] (optional) index.
+-- ARGV[1] field, ARGV[2] ttl ms, ARGV[3] holder info.
+-- Reply: nil = ours now (new, or our own retry: TTL reset); else the field that holds it.
+
+if redis.call('exists', KEYS[1]) == 0 or redis.call('hexists', KEYS[1], ARGV[1]) == 1 then
+  if KEYS[2] and redis.call('exists', KEYS[1]) == 0 then
+    -- #include stamp
+    redis.call('hset', KEYS[2], KEYS[1], stamp .. ' ' .. ARGV[3])
+  end
+  redis.call('hset', KEYS[1], ARGV[1], 1)
+  redis.call('pexpire', KEYS[1], ARGV[2])
+  return nil
+end
+return redis.call('hkeys', KEYS[1])[1]

@@ -1,0 +1,13 @@
+-- PermitExpirableSemaphore's release of one permit (also the watchdog's, of a permit whose
+-- owner ended).
+-- KEYS[1] key (permits available), KEYS[2] timeout zset, KEYS[3] channel, KEYS[4] index.
+-- ARGV[1] permit id (hex).
+-- Reply: 1 = released (and published), 0 = unknown or expired.
+
+-- #include permits
+
+reclaim(now)
+if redis.call('zrem', KEYS[2], raw(ARGV[1])) == 0 then return 0 end
+made(KEYS[1], KEYS[4])
+redis.call('publish', KEYS[3], redis.call('incrby', KEYS[1], 1))
+return 1

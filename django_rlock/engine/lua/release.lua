@@ -1,0 +1,105 @@
+-- RLock's release (and every lock kind's that hands off between processes).
+-- KEYS[1] lock hash, KEYS[2] channel, KEYS[3] index, KEYS[4] hand-off queue, KEYS[5] hand-off
+-- waiters, KEYS[6] grant channel (4 to 6: kinds that hand off between processes).
+-- ARGV[1] owner, ARGV[2] lease ms in force, ARGV[3] message, ARGV[4] next owner (a waiter of
+-- the releasing process that is not registered, or ""), ARGV[5] its lease ms, ARGV[6] how many
+-- subscribers the releasing process itself accounts for, ARGV[7] the next owner's holder info,
+-- ARGV[8] a token to withdraw (a waiter giving up: its own release if that very token was
+-- granted the lock, recorded as "=<owner>" in the waiters hash until the owner's hold ends;
+-- else its entry is dropped), ARGV[9] the releasing process's token prefix: a grant to one of
+-- its own waiters is not published (the reply tells it).
+-- Reply: nil = not owner; 0 = still held (count > 0, TTL reset to the lease in force);
+-- a token (string) = granted to that registered waiter, short lease, named on KEYS[6] (or,
+-- for a token ending in DIRECT_TOKEN_MARK, on its owner's wake channel only, and only if
+-- someone listens there: else that waiter is skipped as dead);
+-- -1 = handed to ARGV[4] (only when no other process waits: it never sees the lock free);
+-- n >= 1 = released, and n - 1 subscribers got the message (1 when every subscriber is a
+-- django-rlock process with nobody in line: none of them is owed the first go).
+-- A foreign subscriber (on KEYS[2] but not on KEYS[6]: a Redisson client, another kind) is
+-- never starved: while one waits, every other release frees the lock with Redisson's "0"
+-- (whoever is first takes it), and the line is granted the others ("!turn" in KEYS[5]).
+
+if ARGV[8] and ARGV[8] ~= '' and redis.call('hget', KEYS[5], '=' .. ARGV[1]) ~= ARGV[8] then
+  redis.call('hdel', KEYS[5], ARGV[8])
+  return nil
+end
+local count = tonumber(redis.call('hget', KEYS[1], ARGV[1]))
+if not count then
+  return nil
+end
+if count > 1 then
+  redis.call('hincrby', KEYS[1], ARGV[1], -1)
+  redis.call('pexpire', KEYS[1], ARGV[2])
+  return 0
+end
+local foreign = nil
+local function outsiders()
+  local subs = redis.call('pubsub', 'numsub', KEYS[2], KEYS[6])
+  return subs[2] > subs[4]
+end
+local queued = KEYS[6] and redis.call('exists', KEYS[5]) == 1
+if queued then
+  redis.call('hdel', KEYS[5], '=' .. ARGV[1])
+end
+if queued and redis.call('llen', KEYS[4]) > 0 then
+  foreign = outsiders()
+  local grant = not foreign
+  if foreign then
+    -- Someone outside the line waits too (a Redisson client): it gets every other release of
+    -- ours (freed with "0"), the line the others, so neither side can starve the other.
+    grant = redis.call('hget', KEYS[5], '!turn') == 'line'
+    redis.call('hset', KEYS[5], '!turn', grant and 'free' or 'line')
+  end
+  if grant then
+    -- #include now_ms
+    while true do
+      local token = redis.call('lpop', KEYS[4])
+      if not token then
+        break
+      end
+      local entry = redis.call('hget', KEYS[5], token)
+      if entry then
+        redis.call('hdel', KEYS[5], token)
+        local deadline, grant, info = string.match(entry, '^(%d+) (%d+) (.*)$')
+        local heir = string.match(token, '^(.*)#')
+        local own = ARGV[9] or ''
+        local ours = own ~= '' and string.sub(token, 1, #own) == own
+        local direct = not ours and string.sub(token, -1) == '{{DIRECT_TOKEN_MARK}}'
+        -- A waiter with a line of its own hears its grant there, and nobody else does; no
+        -- receiver means its process is gone (its subscription went with it): skip it.
+        if tonumber(deadline) > now and (not direct or
+            redis.call('publish', '{{WAKE_CHANNEL_PREFIX}}:' .. heir, token) > 0) then
+          redis.call('del', KEYS[1])
+          redis.call('hset', KEYS[1], heir, 1)
+          redis.call('hset', KEYS[5], '=' .. heir, token)
+          redis.call('pexpire', KEYS[1], grant)
+          -- #include stamp
+          redis.call('hset', KEYS[3], KEYS[1], stamp .. ' ' .. info)
+          if not ours and not direct then
+            redis.call('publish', KEYS[6], token)
+          end
+          return token
+        end
+      end
+    end
+  end
+end
+if ARGV[4] and ARGV[4] ~= '' and redis.call('pubsub', 'numsub', KEYS[2])[2] <= tonumber(ARGV[6])
+then
+  redis.call('hdel', KEYS[1], ARGV[1])
+  redis.call('hset', KEYS[1], ARGV[4], 1)
+  redis.call('pexpire', KEYS[1], ARGV[5])
+  -- #include stamp
+  redis.call('hset', KEYS[3], KEYS[1], stamp .. ' ' .. ARGV[7])
+  return -1
+end
+redis.call('del', KEYS[1])
+redis.call('hdel', KEYS[3], KEYS[1])
+local n = redis.call('publish', KEYS[2], ARGV[3])
+if n > 0 and KEYS[6] and foreign == nil then
+  foreign = outsiders()
+end
+if foreign == false then
+  return 1
+end
+return 1 + n
