@@ -19,9 +19,9 @@ from typing import Any
 from . import pubsub
 from .kinds import SEMAPHORE_OR_LATCH, Kind, declare
 from .lua import Script, source
+from .named import RECHECK, Named
 from .naming import READ_UNLOCK_MESSAGE, latch_channel
 from .scripts import acall_once, call_once
-from .semaphore import RECHECK, _Named
 
 # KEYS, ARGV and the reply of each: ``lua/latch_*.lua``.
 LATCH_TRY_SET = source("latch_try_set")
@@ -33,7 +33,7 @@ LATCH_COUNT_DOWN_SCRIPT = Script(LATCH_COUNT_DOWN)
 LATCH_DELETE_SCRIPT = Script(LATCH_DELETE)
 
 
-class _LatchBase(_Named):
+class _LatchBase(Named):
     _WHAT = "latch"
     _WAKES = staticmethod(pubsub.wake_all)
     _RECHECK = RECHECK
@@ -122,7 +122,7 @@ class AsyncCountDownLatch(_LatchBase):
                             before)
 
 
-class SemaphoreOrLatch(_Named):
+class SemaphoreOrLatch(Named):
     """An integer string found by SCAN with no index entry: Redisson stores a semaphore and a
     latch alike, so its force-unlock does what either's would (deleted; the waiters of both
     woken, a latch's returning)."""

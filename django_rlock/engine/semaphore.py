@@ -18,241 +18,45 @@ free) wakes that many waiters (``pubsub.wake_count``). Permits can change with n
 permit expiring, a count set by hand, a message lost over a reconnect), so every park is
 bounded: by the nearest permit expiry where there is one, and by ``RECHECK`` seconds always.
 
-``_Named`` is what these non-lock kinds share with ``latch.CountDownLatch``: validation before
-any Redis command, names, the index entry, and the sync/asyncio client pair.
+The base they share with ``latch.CountDownLatch`` is ``named.Named``;
+``PermitExpirableSemaphore`` lives in ``permits`` (re-exported here).
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-import math
-import os
-import time
-from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any
 
-from . import events, pubsub, waiting
-from .clients import SlotBound, async_twin, check_client, is_cluster_node, sync_twin
-from .errors import LockNotOwnedError
 from .kinds import Kind, declare
-from .lock import check_name, check_seconds
-from .lockinfo import lease_text
 from .lua import Script, source
-from .naming import SEMAPHORE_CHANNEL_PREFIX, index_key, prefix_name, suffix_name
+from .named import (
+    DELETE,
+    DELETE_SCRIPT,
+    RECHECK,
+    SEMAPHORE_FORCE,
+    SEMAPHORE_FORCE_SCRIPT,
+    Named,
+    uncancellable,
+)
 from .scripts import acall_once, call, call_once
-from .watchdog import HoldKind, server_id, watchdog
 
-logger = logging.getLogger("django_rlock")
-
-#: Longest a waiter parks without re-checking (seconds). A lost message (a reconnect), a
-#: count changed by hand or by a client that does not publish, or an expiry nobody reclaimed
-#: yet would otherwise leave it waiting for a message that never comes.
-RECHECK = 5.0
-
-#: Background tasks (permits given back after a twice-cancelled acquire): kept alive.
-_background: set[asyncio.Future[Any]] = set()
-
-
-# -- Lua: ``lua/sem_*.lua``, ``lua/pes_*.lua`` (KEYS, ARGV and the reply in each file's header) -
+# -- Lua: ``lua/sem_*.lua`` (KEYS, ARGV and the reply in each file's header) ------------------
 SEM_ACQUIRE = source("sem_acquire")
-SEMAPHORE_FORCE = source("sem_force")
 SEM_RELEASE = source("sem_release")
 SEM_TRY_SET = source("sem_try_set")
 SEM_ADD = source("sem_add")
 SEM_DRAIN = source("sem_drain")
-DELETE = source("sem_delete")
-PES_ACQUIRE = source("pes_acquire")
-PES_RELEASE = source("pes_release")
-PES_UPDATE = source("pes_update")
-PES_TRY_SET = source("pes_try_set")
-PES_ADD = source("pes_add")
-PES_AVAILABLE = source("pes_available")
-PES_RENEW = source("pes_renew")
 
 SEM_ACQUIRE_SCRIPT = Script(SEM_ACQUIRE)
 SEM_RELEASE_SCRIPT = Script(SEM_RELEASE)
 SEM_TRY_SET_SCRIPT = Script(SEM_TRY_SET)
 SEM_ADD_SCRIPT = Script(SEM_ADD)
 SEM_DRAIN_SCRIPT = Script(SEM_DRAIN)
-DELETE_SCRIPT = Script(DELETE)
-PES_ACQUIRE_SCRIPT = Script(PES_ACQUIRE)
-PES_RELEASE_SCRIPT = Script(PES_RELEASE)
-PES_UPDATE_SCRIPT = Script(PES_UPDATE)
-PES_TRY_SET_SCRIPT = Script(PES_TRY_SET)
-PES_ADD_SCRIPT = Script(PES_ADD)
-PES_AVAILABLE_SCRIPT = Script(PES_AVAILABLE)
-PES_RENEW_SCRIPT = Script(PES_RENEW)
-SEMAPHORE_FORCE_SCRIPT = Script(SEMAPHORE_FORCE)
-
-
-# -- what the non-lock kinds share -------------------------------------------------------------
-class _Named(SlotBound):
-    """Validation, names and the client pair of a semaphore or latch.
-
-    A sync object sends on ``client`` and waits on it; an asyncio one sends on its
-    ``redis.asyncio`` client and waits (and renews) through a sync twin of it
-    (``clients.sync_twin``, or ``sync_client``), like ``AsyncRLock``.
-    """
-
-    #: What it is called in error messages, and its kind in the index.
-    _WHAT = "semaphore"
-    #: How many local waiters one message on its channel wakes.
-    _WAKES = staticmethod(pubsub.wake_count)
-    #: Longest park without a re-check (seconds).
-    _RECHECK = RECHECK
-
-    def __init__(self, client: Any, name: str, prefix: str, *, aio: bool = False,
-                 sync_client: Any = None) -> None:
-        check_name(name)
-        if not isinstance(prefix, str):
-            raise TypeError(f"prefix must be a str, not {type(prefix).__name__} "
-                            f"({self._WHAT} {name!r})")
-        for c in (client, sync_client):
-            if c is not None:
-                check_client(c, f"{self._WHAT} {name!r}", cluster_ok=c is client, aio=aio)
-        if client is None:
-            raise TypeError(f"client must be a redis-py client, not NoneType "
-                            f"({self._WHAT} {name!r})")
-        self.name = name
-        self.prefix = prefix
-        self.key = prefix + name
-        self._aio = aio
-        client = self._bind(client)  # on a cluster: its slot's master (a sync client)
-        self._index = index_key(prefix, self.key if is_cluster_node(client) else None)
-        if self._cluster is not None:
-            sync_client = client
-        elif sync_client is None:
-            sync_client = sync_twin(client) if aio else client
-        self._sync_client = sync_client
-        self._server = server_id(sync_client)
-        self._channel = prefix_name(SEMAPHORE_CHANNEL_PREFIX, self.key).encode()
-
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.name!r} key={self.key!r}>"
-
-    @property
-    def client(self) -> Any:
-        return self._client
-
-    @property
-    def _client(self) -> Any:
-        # An asyncio one on a cluster: the asyncio twin (for the running loop) of the slot
-        # master's client.
-        node = SlotBound._client.fget(self)  # type: ignore[attr-defined]
-        return async_twin(node) if self._aio and self._cluster is not None else node
-
-    @property
-    def channel(self) -> str:
-        """The pub/sub channel its changes are published on."""
-        return self._channel.decode()
-
-    # -- validation (before any Redis command) ---------------------------------------------
-    def _count(self, n: Any, what: str = "permits", *, negative_ok: bool = False,
-               least: int = 0) -> int:
-        if isinstance(n, bool) or not isinstance(n, int):
-            raise TypeError(f"{what} must be an int, not {type(n).__name__} "
-                            f"({self._WHAT} {self.name!r})")
-        if n < least and not negative_ok:
-            raise ValueError(f"{what} must be >= {least}, got {n!r} ({self._WHAT} {self.name!r})")
-        return n
-
-    def _budget(self, wait_time: Any, what: str = "wait_time") -> float | None:
-        """Seconds to wait (None: no limit)."""
-        if wait_time is None:
-            return None
-        w = check_seconds(wait_time, what, self.name, zero_ok=True, inf_ok=True)
-        return None if math.isinf(w) else w
-
-    # -- force-unlock (the kind's one meaning: ``locks clear`` and the admin run it too) -------
-    def _force_call(self) -> tuple[Script, tuple[Any, ...], tuple[Any, ...]]:
-        """The script, KEYS and ARGV of this kind's force-unlock: the counter and any permits
-        taken go, and the waiters are woken (they find nothing to take until it is set)."""
-        return (SEMAPHORE_FORCE_SCRIPT, (self.key, suffix_name(self.key, "timeout"), self._index),
-                (self._channel.decode(), "0"))
-
-    def _forcing(self) -> list[Any]:
-        return watchdog().holds_of(self._server, self.key)
-
-    def _forced(self, r: Any, before: list[Any]) -> bool:
-        # As ``LockBase._forced``: the holds that existed before the delete are lost.
-        watchdog().drop_holds(before if r else [])
-        if events.listeners:
-            events.emit("force_unlocked", name=self.name, key=self.key, label=None,
-                        deleted=bool(r))
-        return bool(r)
-
-    # -- waiting ---------------------------------------------------------------------------
-    def _wait(self) -> waiting.Wait:
-        self._fresh()  # on a cluster, an attempt redirected: subscribe where the slot is now
-        return waiting.Wait(self._sync_client, self._channel, self.key, wakes=self._WAKES,
-                            recheck=self._RECHECK, moved=self._moved_check())
-
-    def _bound(self, ttl: int) -> int:
-        """A wait bound in ms from Redis, capped so a lost message costs ``RECHECK`` at most."""
-        cap = int(self._RECHECK * 1000)
-        return -1 if ttl < 0 or ttl > cap else ttl
-
-    def _waits(self, attempt: Callable[[], int | None], budget: float | None) -> bool:
-        """One attempt, then the shared wait loop for what is left of ``budget``."""
-        if attempt() is None:
-            return True
-        if budget == 0:
-            return False
-        return waiting.wait(self._wait(), lambda claim: attempt(), budget)
-
-    async def _awaits(self, attempt: Callable[[], Awaitable[int | None]],
-                      budget: float | None) -> bool:
-        if await attempt() is None:
-            return True
-        if budget == 0:
-            return False
-
-        async def again(claim: bool) -> int | None:
-            return await attempt()
-
-        return await waiting.await_(self._wait(), again, budget)
-
-
-async def _uncancellable(send: Callable[[], Awaitable[int | None]],
-                         undo: Callable[[], Awaitable[Any]]) -> int | None:
-    """One acquire round trip that a cancellation cannot split.
-
-    ``send`` resolves to None (taken) or a wait bound. If the caller is cancelled while it is
-    in flight, the round trip still lands; what it took is given back (``undo``) before the
-    cancellation goes on, so a cancelled waiter never keeps a permit nobody knows about.
-    """
-    fut = asyncio.ensure_future(send())
-    try:
-        return await asyncio.shield(fut)
-    except asyncio.CancelledError:
-        try:
-            ttl = await asyncio.shield(fut)
-        except asyncio.CancelledError:  # cancelled twice: give it back when it lands
-            fut.add_done_callback(lambda f: _undo_later(f, undo))
-            raise
-        except Exception:
-            raise asyncio.CancelledError from None
-        if ttl is None:
-            try:
-                await undo()
-            except Exception as exc:
-                logger.warning("django-rlock: could not give back a permit taken by a cancelled "
-                               "acquire (%s: %s)", type(exc).__name__, exc)
-        raise
-
-
-def _undo_later(fut: asyncio.Future[Any], undo: Callable[[], Awaitable[Any]]) -> None:
-    if fut.cancelled() or fut.exception() is not None or fut.result() is not None:
-        return
-    task = asyncio.ensure_future(undo())
-    _background.add(task)
-    task.add_done_callback(_background.discard)
 
 
 # -- Semaphore ---------------------------------------------------------------------------------
-class _SemaphoreBase(_Named):
+class _SemaphoreBase(Named):
     def __init__(self, client: Any, name: str, prefix: str = "", *, aio: bool = False,
                  sync_client: Any = None) -> None:
         super().__init__(client, name, prefix, aio=aio, sync_client=sync_client)
@@ -364,7 +168,7 @@ class AsyncSemaphore(_SemaphoreBase):
         async def undo() -> None:
             await acall_once(self._client, SEM_RELEASE_SCRIPT, self._keys, (n,))
 
-        return await self._awaits(lambda: _uncancellable(send, undo), budget)
+        return await self._awaits(lambda: uncancellable(send, undo), budget)
 
     async def release(self, permits: int = 1) -> None:
         n = self._count(permits)
@@ -396,277 +200,6 @@ class AsyncSemaphore(_SemaphoreBase):
         await self.release()
 
 
-# -- PermitExpirableSemaphore ------------------------------------------------------------------
-def new_permit_id() -> str:
-    """A permit id: 16 random bytes as 32 hex chars (Redisson's form)."""
-    return os.urandom(16).hex()
-
-
-class _PermitsBase(_Named):
-    _WHAT = "semaphore"
-
-    def __init__(self, client: Any, name: str, prefix: str = "", watchdog_timeout: float = 30.0,
-                 *, aio: bool = False, sync_client: Any = None) -> None:
-        super().__init__(client, name, prefix, aio=aio, sync_client=sync_client)
-        wt = check_seconds(watchdog_timeout, "watchdog_timeout", name, zero_ok=False)
-        self.watchdog_timeout = wt
-        self._watchdog_ms = max(1, math.ceil(wt * 1000))
-        #: Redisson's ``{<key>}:timeout``: the permits taken and when each expires.
-        self.timeout_key = suffix_name(self.key, "timeout")
-        self._keys = (self.key, self.timeout_key, self._channel, self._index)
-
-    def _lease_ms(self, lease_time: Any) -> int | None:
-        if lease_time is None:
-            return None
-        lease = check_seconds(lease_time, "lease_time", self.name, zero_ok=False)
-        return max(1, math.ceil(lease * 1000))
-
-    def _permit(self, permit_id: Any) -> str:
-        if not isinstance(permit_id, str):
-            raise TypeError(f"permit_id must be a str, not {type(permit_id).__name__} "
-                            f"(semaphore {self.name!r})")
-        try:
-            ok = len(permit_id) == 32 and len(bytes.fromhex(permit_id)) == 16
-        except ValueError:
-            ok = False
-        if not ok:
-            raise ValueError(f"permit_id must be 32 hex chars, got {permit_id!r} "
-                             f"(semaphore {self.name!r})")
-        return permit_id.lower()
-
-    def _hold_key(self, permit_id: str) -> tuple[Any, str, str]:
-        return (self._server, self.key, permit_id)
-
-    def _renewed(self, permit_id: str, sent: float) -> bool:
-        """A permit taken without a lease: the watchdog renews it until it is released or
-        the process dies. Not tied to the thread or task that took it (anyone may release
-        it, and it outlives them), so no owner is watched. Its lease counts from ``sent``,
-        when the acquire went out (invariant 31). False: the reply came after half the lease
-        (a frozen process), so it must be checked (``_late_check``) before it counts."""
-        self._fresh()  # renewed where the slot is now (a redirected acquire)
-        watchdog().acquired(
-            self._hold_key(permit_id), self._sync_client, self.name, self._watchdog_ms, True,
-            self.watchdog_timeout, None, scripts_keys=self._keys,
-            kind=HoldKind(PES_RENEW_SCRIPT, self.timeout_key, PES_RELEASE_SCRIPT, (permit_id,)),
-            since=sent)
-        return time.monotonic() - sent <= self._watchdog_ms / 2000.0
-
-    def _late_checked(self, permit_id: str, sent: float, reply: Any) -> int | None:
-        """The check of a permit whose reply came late: None (still ours, its lease set again
-        from ``sent``), or 0 (gone while its process could not run: unbooked, try again)."""
-        k = self._hold_key(permit_id)
-        hold = watchdog().get(k)
-        if reply and int(reply[0]):
-            if hold is not None:
-                watchdog().confirmed(k, hold, sent, self._watchdog_ms)
-            return None
-        if hold is not None:
-            watchdog().discard(k, hold)
-        logger.info("django-rlock: a permit of %r ran out before its process could run; "
-                    "never held, trying again", self.name)
-        return 0
-
-    def _unrenewed(self, permit_id: str) -> None:
-        watchdog().forget(self._hold_key(permit_id))
-
-    def _ttl_of(self, reply: Any) -> int | None:
-        return None if reply is None else self._bound(int(reply))
-
-    def _not_released(self, permit_id: str) -> LockNotOwnedError:
-        return LockNotOwnedError(
-            f"cannot release permit {permit_id} of semaphore {self.name!r}: it has already been "
-            f"released, it expired, or it never existed", self.name)
-
-
-class PermitExpirableSemaphore(_PermitsBase):
-    """Redisson's ``RPermitExpirableSemaphore``: each permit taken has an id and an expiry.
-
-    ``acquire(lease_time)`` returns the permit's id (32 hex chars); pass it to ``release``.
-    With ``lease_time=None`` the permit is renewed by this process's watchdog (every
-    ``watchdog_timeout / 3``) until released, so it comes back within ``watchdog_timeout``
-    if the process dies; with a lease it comes back when the lease ends. A permit is not the
-    thread's: any thread or process may release it by id (a renewed permit released
-    elsewhere is logged as lost by this process's watchdog at its next renewal, and no
-    longer renewed). ``update_lease_time`` gives a permit a fixed lease: no longer renewed.
-    The semaphore must be given permits first (``try_set_permits`` / ``add_permits``).
-    """
-
-    def __init__(self, client: Any, name: str, prefix: str = "",
-                 watchdog_timeout: float = 30.0) -> None:
-        super().__init__(client, name, prefix, watchdog_timeout)
-
-    def try_set_permits(self, permits: int) -> bool:
-        """Set the count if the semaphore has none yet; True if it was set."""
-        n = self._count(permits)
-        return bool(call_once(self._client, PES_TRY_SET_SCRIPT, self._keys, (n,)))
-
-    def add_permits(self, permits: int) -> None:
-        """Add to the count (negative: take away; it may go below zero)."""
-        n = self._count(permits, negative_ok=True)
-        call_once(self._client, PES_ADD_SCRIPT, self._keys, (n,))
-
-    def acquire(self, lease_time: float | None = None) -> str:
-        """Take a permit, waiting as long as it takes; returns its id."""
-        return self._take(None, self._lease_ms(lease_time))  # type: ignore[return-value]
-
-    def try_acquire(self, wait_time: float = 0.0, lease_time: float | None = None) -> str | None:
-        """Take a permit within ``wait_time`` seconds (0: one attempt); its id, or None."""
-        budget = self._budget(wait_time)
-        return self._take(budget, self._lease_ms(lease_time))
-
-    def _take(self, budget: float | None, lease_ms: int | None) -> str | None:
-        permit_id = new_permit_id()
-        ms = self._watchdog_ms if lease_ms is None else lease_ms
-
-        def attempt() -> int | None:
-            sent = time.monotonic()
-            ttl = self._ttl_of(call_once(self._client, PES_ACQUIRE_SCRIPT, self._keys,
-                                         (permit_id, ms)))
-            if ttl is None and lease_ms is None and not self._renewed(permit_id, sent):
-                again = time.monotonic()
-                return self._late_checked(permit_id, again, call_once(
-                    self._client, PES_RENEW_SCRIPT, (self.timeout_key,), (permit_id, ms)))
-            return ttl
-
-        return permit_id if self._waits(attempt, budget) else None
-
-    def release(self, permit_id: str) -> None:
-        """Give the permit back. Raises ``LockNotOwnedError`` (a ``LockError``) if it was
-        released already, has expired, or never existed."""
-        if not self.try_release(permit_id):
-            raise self._not_released(permit_id)
-
-    def try_release(self, permit_id: str) -> bool:
-        """Give the permit back; False if it was released already, expired or never existed."""
-        pid = self._permit(permit_id)
-        self._unrenewed(pid)  # in doubt (an error), it expires within the watchdog timeout
-        return bool(call_once(self._client, PES_RELEASE_SCRIPT, self._keys, (pid,)))
-
-    def update_lease_time(self, permit_id: str, lease_time: float) -> bool:
-        """Make the permit expire ``lease_time`` seconds from now (no longer renewed by the
-        watchdog); False if it was released, expired or never existed."""
-        pid = self._permit(permit_id)
-        ms = self._lease_ms(lease_time)
-        if ms is None:
-            raise TypeError(f"lease_time must be a number of seconds, not None "
-                            f"(semaphore {self.name!r})")
-        self._unrenewed(pid)
-        return bool(call_once(self._client, PES_UPDATE_SCRIPT, self._keys, (pid, ms)))
-
-    def available_permits(self) -> int:
-        """Permits free now (expired permits are counted back first)."""
-        return int(call(self._client, PES_AVAILABLE_SCRIPT, self._keys, ()))
-
-    def force_unlock(self) -> bool:
-        """Delete the semaphore (its count and the permits taken) and wake its waiters: what
-        ``manage.py locks clear`` and the admin do. True if there was one."""
-        before = self._forcing()
-        script, keys, args = self._force_call()
-        return self._forced(call_once(self._client, script, keys, args), before)
-
-    def delete(self) -> bool:
-        """Delete the semaphore (count and taken permits); True if there was one."""
-        return bool(call(self._client, DELETE_SCRIPT, (self.key, self.timeout_key, self._index),
-                         ()))
-
-
-class AsyncPermitExpirableSemaphore(_PermitsBase):
-    """``PermitExpirableSemaphore`` for asyncio. Renewal is the process watchdog's (through a
-    sync twin of the client); a permit is not tied to the task that took it. A cancelled
-    ``acquire`` never keeps a permit."""
-
-    def __init__(self, client: Any, name: str, prefix: str = "", watchdog_timeout: float = 30.0,
-                 *, sync_client: Any = None) -> None:
-        super().__init__(client, name, prefix, watchdog_timeout, aio=True,
-                         sync_client=sync_client)
-
-    async def try_set_permits(self, permits: int) -> bool:
-        n = self._count(permits)
-        return bool(await acall_once(self._client, PES_TRY_SET_SCRIPT, self._keys, (n,)))
-
-    async def add_permits(self, permits: int) -> None:
-        n = self._count(permits, negative_ok=True)
-        await acall_once(self._client, PES_ADD_SCRIPT, self._keys, (n,))
-
-    async def acquire(self, lease_time: float | None = None) -> str:
-        return await self._take(None, self._lease_ms(lease_time))  # type: ignore[return-value]
-
-    async def try_acquire(self, wait_time: float = 0.0,
-                          lease_time: float | None = None) -> str | None:
-        budget = self._budget(wait_time)
-        return await self._take(budget, self._lease_ms(lease_time))
-
-    async def _take(self, budget: float | None, lease_ms: int | None) -> str | None:
-        permit_id = new_permit_id()
-        ms = self._watchdog_ms if lease_ms is None else lease_ms
-
-        async def send() -> int | None:
-            return self._ttl_of(await acall_once(self._client, PES_ACQUIRE_SCRIPT, self._keys,
-                                                 (permit_id, ms)))
-
-        async def undo() -> None:
-            await acall_once(self._client, PES_RELEASE_SCRIPT, self._keys, (permit_id,))
-
-        async def attempt() -> int | None:
-            sent = time.monotonic()
-            ttl = await _uncancellable(send, undo)
-            if ttl is None and lease_ms is None and not self._renewed(permit_id, sent):
-                again = time.monotonic()
-                return self._late_checked(permit_id, again, await acall_once(
-                    self._client, PES_RENEW_SCRIPT, (self.timeout_key,), (permit_id, ms)))
-            return ttl
-
-        return permit_id if await self._awaits(attempt, budget) else None
-
-    async def release(self, permit_id: str) -> None:
-        if not await self.try_release(permit_id):
-            raise self._not_released(permit_id)
-
-    async def try_release(self, permit_id: str) -> bool:
-        pid = self._permit(permit_id)
-        self._unrenewed(pid)
-        return bool(await asyncio.shield(acall_once(self._client, PES_RELEASE_SCRIPT,
-                                                    self._keys, (pid,))))
-
-    async def update_lease_time(self, permit_id: str, lease_time: float) -> bool:
-        pid = self._permit(permit_id)
-        ms = self._lease_ms(lease_time)
-        if ms is None:
-            raise TypeError(f"lease_time must be a number of seconds, not None "
-                            f"(semaphore {self.name!r})")
-        self._unrenewed(pid)
-        return bool(await acall_once(self._client, PES_UPDATE_SCRIPT, self._keys, (pid, ms)))
-
-    async def available_permits(self) -> int:
-        return int(await acall_once(self._client, PES_AVAILABLE_SCRIPT, self._keys, ()))
-
-    async def force_unlock(self) -> bool:
-        """``Semaphore.force_unlock`` for asyncio."""
-        before = self._forcing()
-        script, keys, args = self._force_call()
-        return self._forced(await acall_once(self._client, script, keys, args), before)
-
-    async def delete(self) -> bool:
-        return bool(await acall_once(self._client, DELETE_SCRIPT,
-                                     (self.key, self.timeout_key, self._index), ()))
-
-
-__all__ = ["AsyncPermitExpirableSemaphore", "AsyncSemaphore", "PermitExpirableSemaphore",
-           "Semaphore", "RECHECK"]
-
-
-def _permits_details(probe: dict[str, Any], detail: bool) -> dict[str, Any]:
-    out: dict[str, Any] = {"permits": probe["number"], "taken": probe["taken"]}
-    if detail:
-        out["leases"] = probe["leases"]
-    return out
-
-
-def _permits_lines(d: dict[str, Any]) -> list[str]:
-    return [f"permits available: {d['permits']}", f"permits taken: {d['taken']}"] + [
-        f"  {p['id']} (lease {lease_text(p['ttl'])})" for p in d.get("leases", ())]
-
-
 SEMAPHORE = declare(Kind(
     "semaphore", "string",
     note="Its permits are deleted (none are available until they are set again); whoever took "
@@ -675,11 +208,18 @@ SEMAPHORE = declare(Kind(
     details=lambda probe, detail: {"permits": probe["number"]},
     summary=lambda d: f"{d['permits']} available",
     lines=lambda d: [f"permits available: {d['permits']}"]))
-PERMITS = declare(Kind(
-    "permits", "string",
-    note="Its permits and the permits taken are deleted (none are available until they are set "
-         "again); whoever took permits keeps running, uncounted. Waiters are woken.",
-    open=PermitExpirableSemaphore, detect=lambda probe: bool(probe["taken"]),
-    details=_permits_details,
-    summary=lambda d: f"{d['permits']} available, {d['taken']} taken",
-    lines=_permits_lines))
+
+# Where they always were: the permit semaphores (``permits``), and the shared names.
+from .permits import (  # noqa: E402  (permits imports nothing of this module)
+    PES_ACQUIRE_SCRIPT,
+    PES_RELEASE_SCRIPT,
+    PES_RENEW_SCRIPT,
+    AsyncPermitExpirableSemaphore,
+    PermitExpirableSemaphore,
+    new_permit_id,
+)
+
+__all__ = ["DELETE", "DELETE_SCRIPT", "PES_ACQUIRE_SCRIPT", "PES_RELEASE_SCRIPT",
+           "PES_RENEW_SCRIPT", "RECHECK", "SEMAPHORE_FORCE", "SEMAPHORE_FORCE_SCRIPT",
+           "AsyncPermitExpirableSemaphore", "AsyncSemaphore", "PermitExpirableSemaphore",
+           "Semaphore", "new_permit_id"]

@@ -1,0 +1,326 @@
+"""PermitExpirableSemaphore: Redisson's ``RPermitExpirableSemaphore``.
+
+The string ``<key>`` holds the permits available, the zset ``{<key>}:timeout`` the permits
+taken (member: the permit id's 16 raw bytes, shown to callers as 32 hex chars; score: expiry
+in ms, server time), on the semaphore's channel. Every script that changes it first reclaims
+expired ids (drops them, counts them back, publishes). A permit taken without a lease is
+renewed by the process's watchdog until released, so a crashed holder's permit comes back
+within ``watchdog_timeout`` (unlike Redisson's plain semaphore).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import time
+from typing import Any
+
+from .errors import LockNotOwnedError
+from .kinds import Kind, declare
+from .lock import check_seconds
+from .lockinfo import lease_text
+from .lua import Script, source
+from .named import DELETE_SCRIPT, Named, uncancellable
+from .naming import suffix_name
+from .scripts import acall_once, call, call_once
+from .watchdog import HoldKind, watchdog
+
+logger = logging.getLogger("django_rlock")
+
+# -- Lua: ``lua/pes_*.lua`` (KEYS, ARGV and the reply in each file's header) ------------------
+PES_ACQUIRE = source("pes_acquire")
+PES_RELEASE = source("pes_release")
+PES_UPDATE = source("pes_update")
+PES_TRY_SET = source("pes_try_set")
+PES_ADD = source("pes_add")
+PES_AVAILABLE = source("pes_available")
+PES_RENEW = source("pes_renew")
+
+PES_ACQUIRE_SCRIPT = Script(PES_ACQUIRE)
+PES_RELEASE_SCRIPT = Script(PES_RELEASE)
+PES_UPDATE_SCRIPT = Script(PES_UPDATE)
+PES_TRY_SET_SCRIPT = Script(PES_TRY_SET)
+PES_ADD_SCRIPT = Script(PES_ADD)
+PES_AVAILABLE_SCRIPT = Script(PES_AVAILABLE)
+PES_RENEW_SCRIPT = Script(PES_RENEW)
+
+
+# -- PermitExpirableSemaphore ------------------------------------------------------------------
+def new_permit_id() -> str:
+    """A permit id: 16 random bytes as 32 hex chars (Redisson's form)."""
+    return os.urandom(16).hex()
+
+
+class _PermitsBase(Named):
+    _WHAT = "semaphore"
+
+    def __init__(self, client: Any, name: str, prefix: str = "", watchdog_timeout: float = 30.0,
+                 *, aio: bool = False, sync_client: Any = None) -> None:
+        super().__init__(client, name, prefix, aio=aio, sync_client=sync_client)
+        wt = check_seconds(watchdog_timeout, "watchdog_timeout", name, zero_ok=False)
+        self.watchdog_timeout = wt
+        self._watchdog_ms = max(1, math.ceil(wt * 1000))
+        #: Redisson's ``{<key>}:timeout``: the permits taken and when each expires.
+        self.timeout_key = suffix_name(self.key, "timeout")
+        self._keys = (self.key, self.timeout_key, self._channel, self._index)
+
+    def _lease_ms(self, lease_time: Any) -> int | None:
+        if lease_time is None:
+            return None
+        lease = check_seconds(lease_time, "lease_time", self.name, zero_ok=False)
+        return max(1, math.ceil(lease * 1000))
+
+    def _permit(self, permit_id: Any) -> str:
+        if not isinstance(permit_id, str):
+            raise TypeError(f"permit_id must be a str, not {type(permit_id).__name__} "
+                            f"(semaphore {self.name!r})")
+        try:
+            ok = len(permit_id) == 32 and len(bytes.fromhex(permit_id)) == 16
+        except ValueError:
+            ok = False
+        if not ok:
+            raise ValueError(f"permit_id must be 32 hex chars, got {permit_id!r} "
+                             f"(semaphore {self.name!r})")
+        return permit_id.lower()
+
+    def _hold_key(self, permit_id: str) -> tuple[Any, str, str]:
+        return (self._server, self.key, permit_id)
+
+    def _renewed(self, permit_id: str, sent: float) -> bool:
+        """A permit taken without a lease: the watchdog renews it until it is released or
+        the process dies. Not tied to the thread or task that took it (anyone may release
+        it, and it outlives them), so no owner is watched. Its lease counts from ``sent``,
+        when the acquire went out (invariant 31). False: the reply came after half the lease
+        (a frozen process), so it must be checked (``_late_check``) before it counts."""
+        self._fresh()  # renewed where the slot is now (a redirected acquire)
+        watchdog().acquired(
+            self._hold_key(permit_id), self._sync_client, self.name, self._watchdog_ms, True,
+            self.watchdog_timeout, None, scripts_keys=self._keys,
+            kind=HoldKind(PES_RENEW_SCRIPT, self.timeout_key, PES_RELEASE_SCRIPT, (permit_id,)),
+            since=sent)
+        return time.monotonic() - sent <= self._watchdog_ms / 2000.0
+
+    def _late_checked(self, permit_id: str, sent: float, reply: Any) -> int | None:
+        """The check of a permit whose reply came late: None (still ours, its lease set again
+        from ``sent``), or 0 (gone while its process could not run: unbooked, try again)."""
+        k = self._hold_key(permit_id)
+        hold = watchdog().get(k)
+        if reply and int(reply[0]):
+            if hold is not None:
+                watchdog().confirmed(k, hold, sent, self._watchdog_ms)
+            return None
+        if hold is not None:
+            watchdog().discard(k, hold)
+        logger.info("django-rlock: a permit of %r ran out before its process could run; "
+                    "never held, trying again", self.name)
+        return 0
+
+    def _unrenewed(self, permit_id: str) -> None:
+        watchdog().forget(self._hold_key(permit_id))
+
+    def _ttl_of(self, reply: Any) -> int | None:
+        return None if reply is None else self._bound(int(reply))
+
+    def _not_released(self, permit_id: str) -> LockNotOwnedError:
+        return LockNotOwnedError(
+            f"cannot release permit {permit_id} of semaphore {self.name!r}: it has already been "
+            f"released, it expired, or it never existed", self.name)
+
+
+class PermitExpirableSemaphore(_PermitsBase):
+    """Redisson's ``RPermitExpirableSemaphore``: each permit taken has an id and an expiry.
+
+    ``acquire(lease_time)`` returns the permit's id (32 hex chars); pass it to ``release``.
+    With ``lease_time=None`` the permit is renewed by this process's watchdog (every
+    ``watchdog_timeout / 3``) until released, so it comes back within ``watchdog_timeout``
+    if the process dies; with a lease it comes back when the lease ends. A permit is not the
+    thread's: any thread or process may release it by id (a renewed permit released
+    elsewhere is logged as lost by this process's watchdog at its next renewal, and no
+    longer renewed). ``update_lease_time`` gives a permit a fixed lease: no longer renewed.
+    The semaphore must be given permits first (``try_set_permits`` / ``add_permits``).
+    """
+
+    def __init__(self, client: Any, name: str, prefix: str = "",
+                 watchdog_timeout: float = 30.0) -> None:
+        super().__init__(client, name, prefix, watchdog_timeout)
+
+    def try_set_permits(self, permits: int) -> bool:
+        """Set the count if the semaphore has none yet; True if it was set."""
+        n = self._count(permits)
+        return bool(call_once(self._client, PES_TRY_SET_SCRIPT, self._keys, (n,)))
+
+    def add_permits(self, permits: int) -> None:
+        """Add to the count (negative: take away; it may go below zero)."""
+        n = self._count(permits, negative_ok=True)
+        call_once(self._client, PES_ADD_SCRIPT, self._keys, (n,))
+
+    def acquire(self, lease_time: float | None = None) -> str:
+        """Take a permit, waiting as long as it takes; returns its id."""
+        return self._take(None, self._lease_ms(lease_time))  # type: ignore[return-value]
+
+    def try_acquire(self, wait_time: float = 0.0, lease_time: float | None = None) -> str | None:
+        """Take a permit within ``wait_time`` seconds (0: one attempt); its id, or None."""
+        budget = self._budget(wait_time)
+        return self._take(budget, self._lease_ms(lease_time))
+
+    def _take(self, budget: float | None, lease_ms: int | None) -> str | None:
+        permit_id = new_permit_id()
+        ms = self._watchdog_ms if lease_ms is None else lease_ms
+
+        def attempt() -> int | None:
+            sent = time.monotonic()
+            ttl = self._ttl_of(call_once(self._client, PES_ACQUIRE_SCRIPT, self._keys,
+                                         (permit_id, ms)))
+            if ttl is None and lease_ms is None and not self._renewed(permit_id, sent):
+                again = time.monotonic()
+                return self._late_checked(permit_id, again, call_once(
+                    self._client, PES_RENEW_SCRIPT, (self.timeout_key,), (permit_id, ms)))
+            return ttl
+
+        return permit_id if self._waits(attempt, budget) else None
+
+    def release(self, permit_id: str) -> None:
+        """Give the permit back. Raises ``LockNotOwnedError`` (a ``LockError``) if it was
+        released already, has expired, or never existed."""
+        if not self.try_release(permit_id):
+            raise self._not_released(permit_id)
+
+    def try_release(self, permit_id: str) -> bool:
+        """Give the permit back; False if it was released already, expired or never existed."""
+        pid = self._permit(permit_id)
+        self._unrenewed(pid)  # in doubt (an error), it expires within the watchdog timeout
+        return bool(call_once(self._client, PES_RELEASE_SCRIPT, self._keys, (pid,)))
+
+    def update_lease_time(self, permit_id: str, lease_time: float) -> bool:
+        """Make the permit expire ``lease_time`` seconds from now (no longer renewed by the
+        watchdog); False if it was released, expired or never existed."""
+        pid = self._permit(permit_id)
+        ms = self._lease_ms(lease_time)
+        if ms is None:
+            raise TypeError(f"lease_time must be a number of seconds, not None "
+                            f"(semaphore {self.name!r})")
+        self._unrenewed(pid)
+        return bool(call_once(self._client, PES_UPDATE_SCRIPT, self._keys, (pid, ms)))
+
+    def available_permits(self) -> int:
+        """Permits free now (expired permits are counted back first)."""
+        return int(call(self._client, PES_AVAILABLE_SCRIPT, self._keys, ()))
+
+    def force_unlock(self) -> bool:
+        """Delete the semaphore (its count and the permits taken) and wake its waiters: what
+        ``manage.py locks clear`` and the admin do. True if there was one."""
+        before = self._forcing()
+        script, keys, args = self._force_call()
+        return self._forced(call_once(self._client, script, keys, args), before)
+
+    def delete(self) -> bool:
+        """Delete the semaphore (count and taken permits); True if there was one."""
+        return bool(call(self._client, DELETE_SCRIPT, (self.key, self.timeout_key, self._index),
+                         ()))
+
+
+class AsyncPermitExpirableSemaphore(_PermitsBase):
+    """``PermitExpirableSemaphore`` for asyncio. Renewal is the process watchdog's (through a
+    sync twin of the client); a permit is not tied to the task that took it. A cancelled
+    ``acquire`` never keeps a permit."""
+
+    def __init__(self, client: Any, name: str, prefix: str = "", watchdog_timeout: float = 30.0,
+                 *, sync_client: Any = None) -> None:
+        super().__init__(client, name, prefix, watchdog_timeout, aio=True,
+                         sync_client=sync_client)
+
+    async def try_set_permits(self, permits: int) -> bool:
+        n = self._count(permits)
+        return bool(await acall_once(self._client, PES_TRY_SET_SCRIPT, self._keys, (n,)))
+
+    async def add_permits(self, permits: int) -> None:
+        n = self._count(permits, negative_ok=True)
+        await acall_once(self._client, PES_ADD_SCRIPT, self._keys, (n,))
+
+    async def acquire(self, lease_time: float | None = None) -> str:
+        return await self._take(None, self._lease_ms(lease_time))  # type: ignore[return-value]
+
+    async def try_acquire(self, wait_time: float = 0.0,
+                          lease_time: float | None = None) -> str | None:
+        budget = self._budget(wait_time)
+        return await self._take(budget, self._lease_ms(lease_time))
+
+    async def _take(self, budget: float | None, lease_ms: int | None) -> str | None:
+        permit_id = new_permit_id()
+        ms = self._watchdog_ms if lease_ms is None else lease_ms
+
+        async def send() -> int | None:
+            return self._ttl_of(await acall_once(self._client, PES_ACQUIRE_SCRIPT, self._keys,
+                                                 (permit_id, ms)))
+
+        async def undo() -> None:
+            await acall_once(self._client, PES_RELEASE_SCRIPT, self._keys, (permit_id,))
+
+        async def attempt() -> int | None:
+            sent = time.monotonic()
+            ttl = await uncancellable(send, undo)
+            if ttl is None and lease_ms is None and not self._renewed(permit_id, sent):
+                again = time.monotonic()
+                return self._late_checked(permit_id, again, await acall_once(
+                    self._client, PES_RENEW_SCRIPT, (self.timeout_key,), (permit_id, ms)))
+            return ttl
+
+        return permit_id if await self._awaits(attempt, budget) else None
+
+    async def release(self, permit_id: str) -> None:
+        if not await self.try_release(permit_id):
+            raise self._not_released(permit_id)
+
+    async def try_release(self, permit_id: str) -> bool:
+        pid = self._permit(permit_id)
+        self._unrenewed(pid)
+        return bool(await asyncio.shield(acall_once(self._client, PES_RELEASE_SCRIPT,
+                                                    self._keys, (pid,))))
+
+    async def update_lease_time(self, permit_id: str, lease_time: float) -> bool:
+        pid = self._permit(permit_id)
+        ms = self._lease_ms(lease_time)
+        if ms is None:
+            raise TypeError(f"lease_time must be a number of seconds, not None "
+                            f"(semaphore {self.name!r})")
+        self._unrenewed(pid)
+        return bool(await acall_once(self._client, PES_UPDATE_SCRIPT, self._keys, (pid, ms)))
+
+    async def available_permits(self) -> int:
+        return int(await acall_once(self._client, PES_AVAILABLE_SCRIPT, self._keys, ()))
+
+    async def force_unlock(self) -> bool:
+        """``Semaphore.force_unlock`` for asyncio."""
+        before = self._forcing()
+        script, keys, args = self._force_call()
+        return self._forced(await acall_once(self._client, script, keys, args), before)
+
+    async def delete(self) -> bool:
+        return bool(await acall_once(self._client, DELETE_SCRIPT,
+                                     (self.key, self.timeout_key, self._index), ()))
+
+
+def _permits_details(probe: dict[str, Any], detail: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {"permits": probe["number"], "taken": probe["taken"]}
+    if detail:
+        out["leases"] = probe["leases"]
+    return out
+
+
+def _permits_lines(d: dict[str, Any]) -> list[str]:
+    return [f"permits available: {d['permits']}", f"permits taken: {d['taken']}"] + [
+        f"  {p['id']} (lease {lease_text(p['ttl'])})" for p in d.get("leases", ())]
+
+
+PERMITS = declare(Kind(
+    "permits", "string",
+    note="Its permits and the permits taken are deleted (none are available until they are set "
+         "again); whoever took permits keeps running, uncounted. Waiters are woken.",
+    open=PermitExpirableSemaphore, detect=lambda probe: bool(probe["taken"]),
+    details=_permits_details,
+    summary=lambda d: f"{d['permits']} available, {d['taken']} taken",
+    lines=_permits_lines))
+
+__all__ = ["AsyncPermitExpirableSemaphore", "PermitExpirableSemaphore", "new_permit_id"]
