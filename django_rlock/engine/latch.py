@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import pubsub
 from .naming import latch_channel
 from .scripts import _STAMP, Script, acall_once, call_once
 from .semaphore import RECHECK, _Named
+from .wait.channel import wake_all
 
 # KEYS[1] key, KEYS[2] channel, KEYS[3] index; ARGV[1] count. Reply 1 = set, 0 = it has one.
 LATCH_TRY_SET = """
@@ -59,7 +59,7 @@ LATCH_DELETE_SCRIPT = Script(LATCH_DELETE)
 
 class _LatchBase(_Named):
     _WHAT = "latch"
-    _WAKES = staticmethod(pubsub.wake_all)
+    _WAKES = staticmethod(wake_all)
     _RECHECK = RECHECK
 
     def __init__(self, client: Any, name: str, prefix: str = "", *, aio: bool = False,

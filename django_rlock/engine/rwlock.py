@@ -19,11 +19,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from . import identity, pubsub
+from . import identity
 from .aio import AsyncRLock
 from .lock import HoldKey, RLock
 from .naming import READ_UNLOCK_MESSAGE, RWLOCK_CHANNEL_PREFIX, UNLOCK_MESSAGE, prefix_name
 from .scripts import _STAMP, RENEW_SCRIPT, Script
+from .wait.channel import wake_all
 from .watchdog import HoldKind
 
 # -- Lua ----------------------------------------------------------------------------------------
@@ -239,7 +240,7 @@ class _RWKind:
     """Hooks both kinds share: the channel, the wake policy, no hand-off, no parking first."""
 
     _HANDOFF = False
-    _WAKES = staticmethod(pubsub.wake_all)
+    _WAKES = staticmethod(wake_all)
     _FORCE = FORCE_SCRIPT
     #: What this kind publishes when it frees the lock, and the mode its force-unlock deletes.
     _MESSAGE: str

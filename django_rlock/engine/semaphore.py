@@ -33,12 +33,13 @@ from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any
 
-from . import pubsub, waiting
 from .clients import SlotBound, async_twin, check_client, is_cluster_node, sync_twin
 from .errors import LockNotOwnedError
 from .lock import check_name, check_seconds
 from .naming import SEMAPHORE_CHANNEL_PREFIX, index_key, prefix_name, suffix_name
 from .scripts import _STAMP, Script, acall_once, call, call_once
+from .wait import loop as waiting
+from .wait.channel import wake_count
 from .watchdog import HoldKind, server_id, watchdog
 
 logger = logging.getLogger("django_rlock")
@@ -256,7 +257,7 @@ class _Named(SlotBound):
     #: What it is called in error messages, and its kind in the index.
     _WHAT = "semaphore"
     #: How many local waiters one message on its channel wakes.
-    _WAKES = staticmethod(pubsub.wake_count)
+    _WAKES = staticmethod(wake_count)
     #: Longest park without a re-check (seconds).
     _RECHECK = RECHECK
 
