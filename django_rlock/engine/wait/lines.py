@@ -1,6 +1,6 @@
 """A waiting thread's own line to Redis, so a grant from another process wakes it directly.
 
-The shared subscription (``pubsub``) reads every message in one listener thread, which then
+The shared subscription (``subscription``) reads every message in one listener thread, which then
 wakes the waiting thread: two thread switches per hand-off, and every subscribed process woken
 by every grant. A thread that has waited before keeps a subscription of its own, on its own
 connection, to ``naming.wake_channel(owner)``; its registrations then carry a token ending in
