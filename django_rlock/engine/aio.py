@@ -18,7 +18,7 @@ from typing import Any
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from . import events, identity, replicas, waiting
+from . import events, identity, replicas
 from .clients import SlotBound, async_twin, refresh, sync_twin
 from .errors import LockNotOwnedError
 from .lock import HoldKey, LockBase, log_masked_release, ttl_seconds
@@ -28,6 +28,7 @@ from .scripts import (
     RENEW_SCRIPT,
     acall_once,
 )
+from .wait import loop as waiting
 from .watchdog import server_id, watchdog
 
 logger = logging.getLogger("django_rlock")

@@ -7,7 +7,7 @@ Redisson's layout: the string ``<key>`` holds the count; changes are published o
 so waiting on a latch that was never set, or was deleted, returns at once.
 
 Waiters use the engine's one wait loop on the process's one subscription; every message
-wakes every local waiter (``pubsub.wake_all``), which re-reads the count. A message can be
+wakes every local waiter (``wait.channel.wake_all``), which re-reads the count. A message can be
 lost (a reconnect) and the key can vanish without one, so each park is also bounded by
 ``RECHECK`` seconds: a waiter re-checks at least that often and never hangs for good.
 """
@@ -16,12 +16,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import pubsub
 from .kinds import SEMAPHORE_OR_LATCH, Kind, declare
 from .lua import Script, source
 from .named import RECHECK, Named
 from .naming import READ_UNLOCK_MESSAGE, latch_channel
 from .scripts import acall_once, call_once
+from .wait.channel import wake_all
 
 # KEYS, ARGV and the reply of each: ``lua/latch_*.lua``.
 LATCH_TRY_SET = source("latch_try_set")
@@ -35,7 +35,7 @@ LATCH_DELETE_SCRIPT = Script(LATCH_DELETE)
 
 class _LatchBase(Named):
     _WHAT = "latch"
-    _WAKES = staticmethod(pubsub.wake_all)
+    _WAKES = staticmethod(wake_all)
     _RECHECK = RECHECK
 
     def __init__(self, client: Any, name: str, prefix: str = "", *, aio: bool = False,

@@ -19,7 +19,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from . import events, identity, pubsub, replicas, waiting, wakeline, withdrawals
+from . import events, identity, replicas, withdrawals
 from .clients import SlotBound, check_client, is_cluster_node, refresh
 from .errors import LockNotOwnedError, LockNotSyncedError
 from .kinds import Kind, declare
@@ -41,11 +41,15 @@ from .scripts import (
     Script,
     call_once,
 )
+from .wait import lines as wakeline
+from .wait import loop as waiting
+from .wait import manager as pubsub
+from .wait import settings as wait_settings
 from .watchdog import HoldKind, server_id, watchdog
 
 logger = logging.getLogger("django_rlock")
 
-SUBSCRIBE_TIMEOUT = waiting.SUBSCRIBE_TIMEOUT
+SUBSCRIBE_TIMEOUT = wait_settings.SUBSCRIBE_TIMEOUT
 #: After a release that woke waiters in *other* processes, this process lets them have the
 #: first go for this long (seconds) instead of re-grabbing at once: a loop of
 #: lock/unlock in one process would otherwise starve every other process.
@@ -209,7 +213,7 @@ class LockBase(SlotBound):
         """The lease a release grants this waiter with: short, so a heir that died costs little;
         its watchdog renews it early (``Watchdog.acquired``)."""
         full = self._watchdog_ms if lease_ms is None else lease_ms
-        return min(full, max(1, int(pubsub.GRANT_LEASE * 1000)))
+        return min(full, max(1, int(wait_settings.GRANT_LEASE * 1000)))
 
     def _register_args(self, token: str, deadline: float | None,
                        grant_ms: int) -> tuple[Any, ...]:
@@ -417,13 +421,14 @@ class LockBase(SlotBound):
             return waiting.Wait(self._sync_client, self._wait_channel(k[2]), self.key,
                                 wakes=self._WAKES, recheck=self._RECHECK,
                                 moved=self._moved_check())
-        return waiting.Wait(self._sync_client, self._channel, self.key, owner=k[2],
-                            lease_ms=self._watchdog_ms if lease_ms is None else lease_ms,
-                            on_grant=self._grant_callback(k, lease_ms, t0),
-                            info=self._info(k[2]), grant=self._grant_channel,
-                            token=None if token is None else token.encode(),
-                            registered=registered, grant_ms=self._grant_ms(lease_ms),
-                            line=line, moved=self._moved_check())
+        handoff = waiting.HandOff(k[2], self._watchdog_ms if lease_ms is None else lease_ms,
+                                  self._grant_callback(k, lease_ms, t0), self._info(k[2]),
+                                  grant=self._grant_channel,
+                                  token=None if token is None else token.encode(),
+                                  registered=registered, grant_ms=self._grant_ms(lease_ms),
+                                  line=line)
+        return waiting.Wait(self._sync_client, self._channel, self.key,
+                            moved=self._moved_check(), handoff=handoff)
 
     # -- release bookkeeping --------------------------------------------------------------
     def _release_plan(self, k: HoldKey) -> _Release:

@@ -14,11 +14,13 @@ import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from . import events, pubsub, waiting
+from . import events
 from .clients import SlotBound, async_twin, check_client, is_cluster_node, sync_twin
 from .lock import check_name, check_seconds
 from .lua import Script, source
 from .naming import SEMAPHORE_CHANNEL_PREFIX, index_key, prefix_name, suffix_name
+from .wait import loop as waiting
+from .wait.channel import wake_count
 from .watchdog import server_id, watchdog
 
 logger = logging.getLogger("django_rlock")
@@ -50,7 +52,7 @@ class Named(SlotBound):
     #: What it is called in error messages, and its kind in the index.
     _WHAT = "semaphore"
     #: How many local waiters one message on its channel wakes.
-    _WAKES = staticmethod(pubsub.wake_count)
+    _WAKES = staticmethod(wake_count)
     #: Longest park without a re-check (seconds).
     _RECHECK = RECHECK
 

@@ -19,13 +19,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from . import identity, pubsub
+from . import identity
 from .aio import AsyncRLock
 from .kinds import Kind, declare
 from .lock import HoldKey, RLock
 from .lua import Script, source
 from .naming import READ_UNLOCK_MESSAGE, RWLOCK_CHANNEL_PREFIX, UNLOCK_MESSAGE, prefix_name
 from .scripts import RENEW_SCRIPT
+from .wait.channel import wake_all
 from .watchdog import HoldKind
 
 # -- Lua: ``lua/read_*.lua``, ``write_*.lua``, ``rw_force.lua`` (KEYS, ARGV and the reply in each
@@ -53,7 +54,7 @@ class _RWKind:
     """Hooks both kinds share: the channel, the wake policy, no hand-off, no parking first."""
 
     _HANDOFF = False
-    _WAKES = staticmethod(pubsub.wake_all)
+    _WAKES = staticmethod(wake_all)
     _FORCE = FORCE_SCRIPT
     #: What this kind publishes when it frees the lock.
     _MESSAGE: str

@@ -14,7 +14,7 @@ Redisson's layout, so Java and Node clients share the very same permits:
 
 Neither is a lock: there is no owner field and no hand-off. Both wait with the engine's one
 wait loop (``waiting``) on the process's one subscription, and a message (the permits now
-free) wakes that many waiters (``pubsub.wake_count``). Permits can change with no message (a
+free) wakes that many waiters (``wait.channel.wake_count``). Permits can change with no message (a
 permit expiring, a count set by hand, a message lost over a reconnect), so every park is
 bounded: by the nearest permit expiry where there is one, and by ``RECHECK`` seconds always.
 

@@ -339,7 +339,7 @@ def test_a_cancelled_async_acquire_never_loses_a_permit(ar, r):
         task = asyncio.ensure_future(sem.acquire())
         for _ in range(500):
             mgr = pubsub.existing_manager(sem._sync_client)
-            ch = mgr and mgr._channels.get(b"redisson_sc:{cancel}")
+            ch = mgr and mgr.channel(b"redisson_sc:{cancel}")
             if ch is not None and ch.queue and ch.confirmed.is_set():
                 break
             await asyncio.sleep(0.01)

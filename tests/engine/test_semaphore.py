@@ -276,7 +276,7 @@ def test_a_message_wakes_as_many_waiters_as_it_carries(r):
     mgr = None
     while time.monotonic() < deadline:
         mgr = pubsub.existing_manager(r)
-        ch = mgr and mgr._channels.get(b"redisson_sc:{many}")
+        ch = mgr and mgr.channel(b"redisson_sc:{many}")
         if ch is not None and len(ch.queue) == 4 and ch.confirmed.is_set():
             break
         time.sleep(0.01)
@@ -374,7 +374,7 @@ def test_a_cancelled_waiting_acquire_never_loses_a_permit(ar, r):
         mgr = None
         for _ in range(500):
             mgr = pubsub.existing_manager(sem._sync_client)
-            ch = mgr and mgr._channels.get(b"redisson_sc:{cancel}")
+            ch = mgr and mgr.channel(b"redisson_sc:{cancel}")
             if ch is not None and ch.queue and ch.confirmed.is_set():
                 break
             await asyncio.sleep(0.01)
@@ -406,7 +406,7 @@ def test_a_cancelled_parked_acquire_leaves_nothing_behind(ar, r):
         await sem.release(2)
         assert await sem.available_permits() == 2
         mgr = pubsub.existing_manager(sem._sync_client)
-        ch = mgr._channels.get(b"redisson_sc:{parked}")
+        ch = mgr.channel(b"redisson_sc:{parked}")
         assert ch is None or not ch.queue
         await ar.aclose()
 

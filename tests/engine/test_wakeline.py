@@ -168,7 +168,7 @@ def test_a_stray_poke_never_makes_a_parked_thread_spin(r, holders):
         line = wakeline.open_line(r, identity.thread_owner())
         assert line is not None
         os.write(line._wfd, b"x")  # the late byte, its flag already cleared
-        w = pubsub.Waiter(line=line)
+        w = pubsub.Waiter(handoff=pubsub.HandOff("", 0, line=line))
         t0, c0 = time.monotonic(), time.thread_time()
         line.park(w, 0.5, lambda token: None)
         assert time.monotonic() - t0 >= 0.45  # slept its timeout: nobody woke it
@@ -193,7 +193,7 @@ def test_a_line_past_select_s_fd_limit_still_parks(r, holders):
             assert line is not None and line.conn._sock.fileno() > 1024
             conn = line.conn
             t0 = time.monotonic()
-            line.park(pubsub.Waiter(line=line), 0.3, lambda token: None)
+            line.park(pubsub.Waiter(handoff=pubsub.HandOff("", 0, line=line)), 0.3, lambda token: None)
             return time.monotonic() - t0, line.conn is conn, line.conn._sock is not None
 
         slept, same, alive = holders().call(body)

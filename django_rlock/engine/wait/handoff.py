@@ -1,0 +1,216 @@
+"""This process's hand-offs on one server: the lock passed to a waiter without its asking.
+
+Two ways in. A releasing thread of this process *reserves* its first local waiter, sends the
+release with that waiter as heir, and *resolves* the reservation with the reply (invariant 5).
+A release anywhere *grants* the lock to the first live token in the lock's line in Redis; the
+grant reaches us as the release's reply, a message on the grant channel or the heir's wake
+line, or a claim attempt that finds the lock set to us, and is taken once whichever comes first
+(invariants 21, 22, 25). Every change here is made under the server's lock (``Channels.lock``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .. import identity
+from . import settings
+from .channel import Channel, Channels
+from .waiter import State, Waiter
+
+logger = logging.getLogger("django_rlock")
+
+
+class HandOffs:
+    """Reservations, grants by token, early grants and the grant watch of one server."""
+
+    def __init__(self, channels: Channels) -> None:
+        self.channels = channels
+        #: Heirs of our own releases in flight: channel, and since when (``detach_overdue``).
+        self._reserved: dict[Waiter, tuple[bytes, float]] = {}
+        #: Heirs detached meanwhile, whose reservation is still to be resolved.
+        self._detached: set[Waiter] = set()
+        #: Waiters that can be granted the lock by any process's release, by token.
+        self._tokens: dict[bytes, Waiter] = {}
+        #: Grants to a token of this process whose waiter has not joined yet (its first,
+        #: registering attempt raced the release): since when (kept ``EARLY_KEEP``).
+        self._early: dict[bytes, float] = {}
+        self._token_prefix = identity.process_id().encode()
+        #: The earliest ``grant_watch`` of any channel (0: none): the listener wakes for it.
+        self.next_watch = 0.0
+
+    # -- our own releases (invariant 5) ---------------------------------------------------
+    def reserve(self, channel: bytes, key: str,
+                heard: Callable[[Channel], bool]) -> Waiter | None:
+        """Pick this process's first waiter for a direct hand-off by a releasing thread. Only
+        when ``heard(channel)`` (the subscription is up and confirmed), so the release script's
+        NUMSUB counts us and can tell whether any *other* process waits (then there is no
+        hand-off)."""
+        with self.channels.lock:
+            ch = self.channels.get(channel)
+            if ch is None or not ch.queue or ch.active or not heard(ch):
+                return None
+            w = ch.queue[0]
+            # Not while its own acquire is in flight (invariant 2); not for another key of the
+            # channel ({K} and K share it); not for a waiter of another kind (no owner: e.g. a
+            # FencedLock, whose acquire must run its own script, invariant 17); not for one in
+            # the hand-off queue in Redis (registered: the release script finds it in its turn).
+            if (w.state is not State.QUEUED or w.key != key or not w.owner or w.registered):
+                return None
+            ch.queue.popleft()
+            ch.active += 1
+            w.move(State.RESERVED)
+            self._reserved[w] = (channel, time.monotonic())
+            return w
+
+    def detach_overdue(self, now: float) -> None:
+        """Under the lock (housekeeping): a hand-off whose outcome has not come within
+        ``HANDOFF_TIMEOUT`` (the releasing thread's round trip hangs) stops holding its heir:
+        the heir goes back to the head of the queue and is woken to carry on by itself
+        (invariant 12)."""
+        if not self._reserved:
+            return
+        for w, (channel, since) in list(self._reserved.items()):
+            if now - since < settings.HANDOFF_TIMEOUT:
+                continue
+            del self._reserved[w]
+            self._detached.add(w)
+            ch = self.channels.get(channel)
+            if w.state is not State.RESERVED:
+                # Abandoned meanwhile: nobody waits for this outcome any more; its wake passes
+                # on, and a late grant expires by its lease.
+                if ch is not None:
+                    ch.active -= 1
+                    ch.wake_one()
+                continue
+            logger.warning("django-rlock: a hand-off of %r is still unsettled after %.1f s (the "
+                           "releasing thread's round trip hangs); the waiter carries on by itself",
+                           w.key, now - since)
+            w.move(State.QUEUED)
+            if ch is not None:
+                ch.active -= 1
+                ch.queue.appendleft(w)
+            w.wake()
+
+    def resolve(self, channel: bytes, w: Waiter, granted: bool,
+                since: float | None = None) -> bool:
+        """Settle a reservation. Returns False if the waiter left meanwhile (the caller must
+        then release the lock on its behalf). ``since``: when the release was sent."""
+        with self.channels.lock:
+            ch = self.channels.get(channel)
+            self._reserved.pop(w, None)
+            if w in self._detached:
+                # It stopped waiting for us: never grant behind its back, never release on its
+                # behalf (it may have acquired again as the same owner, invariants 7, 12). If it
+                # still waits, its next claim takes the lock; if it left, the lock expires by
+                # its lease.
+                self._detached.discard(w)
+                if granted and ch is not None and w in ch.queue:
+                    ch.queue.remove(w)
+                    ch.signal(w)
+                elif granted:
+                    logger.warning("django-rlock: %r was handed to %s after it stopped waiting; "
+                                   "it expires within %d ms", w.key, w.owner, w.lease_ms)
+                return True
+            if w.state is State.ABANDONED:
+                if ch is not None:
+                    ch.active -= 1
+                    if not granted:
+                        ch.wake_one()
+                return not granted
+            if granted:
+                if ch is not None:
+                    ch.active -= 1
+                    ch.pending = False
+                # The waiter acts only under our lock, so the order within it is free.
+                if not w.wake():
+                    return False  # its event loop is gone: release on its behalf
+                if w.handoff is not None and w.handoff.on_grant is not None:
+                    # Booked while the waiter cannot yet leave or return.
+                    w.handoff.on_grant(None, since)
+                w.move(State.GRANTED)
+            elif not w.signal() and ch is not None:
+                # Released the ordinary way (or not at all): this waiter was to retry first;
+                # it is gone, so the wake passes on.
+                ch.active -= 1
+                ch.wake_one()
+            return True
+
+    # -- grants from any process's release (invariants 21, 22) ------------------------------
+    def join(self, ch: Channel, w: Waiter) -> None:
+        """Under the lock: ``w`` (with a token) joined ``ch``; a grant that came first is its."""
+        assert w.token is not None
+        self._tokens[w.token] = w
+        if self._early.pop(w.token, None) is not None:
+            self.take_grant(ch, w, w.handoff.grant_ms if w.handoff else None)
+
+    def forget(self, w: Waiter) -> None:
+        """Under the lock: ``w`` leaves; a grant message from now on finds nobody."""
+        if w.token is not None:
+            self._tokens.pop(w.token, None)
+
+    def take_grant(self, ch: Channel, w: Waiter, grant_ms: int | None,
+                   since: float | None = None) -> bool:
+        """Under the lock: ``w`` was granted the lock in Redis; it owns it from now on. Books
+        the hold (``on_grant``) before the waiter can see it. False if the waiter is gone.
+        ``since``: the grant was made then at the earliest (None: when the wait began,
+        invariant 31)."""
+        ch.take_out(w)
+        w.registered = False
+        if not w.wake():
+            return False  # its event loop closed: the grant's short lease ends it
+        if w.handoff is not None and w.handoff.on_grant is not None:
+            w.handoff.on_grant(grant_ms, since)
+        w.move(State.GRANTED)
+        return True
+
+    def granted(self, channel: bytes, token: Any, since: float | None = None) -> None:
+        """A release (ours, or another process's, through the grant channel or a wake line)
+        granted the lock to ``token``: if the waiter is ours, it owns the lock now, without a
+        command. ``since``: our own release's send time (else the grant counts from the wait's
+        start, invariant 31)."""
+        if isinstance(token, str):
+            token = token.encode()
+        now = time.monotonic()
+        with self.channels.lock:
+            ch = self.channels.get(channel)
+            w = self._tokens.get(token)
+            if w is None or ch is None:
+                if token.startswith(self._token_prefix):
+                    if ch is not None:
+                        ch.grant_watch = 0.0
+                    self._early[token] = now  # its waiter is about to join
+                elif ch is not None:
+                    # Another process's waiter: if it died before it could take the lock, its
+                    # grant expires unannounced; one of ours re-checks just after that
+                    # (invariant 23).
+                    ch.grant_watch = now + settings.GRANT_WATCH
+                    if not self.next_watch or ch.grant_watch < self.next_watch:
+                        self.next_watch = ch.grant_watch
+                return
+            ch.grant_watch = 0.0
+            if w.state in (State.GRANTED, State.RESERVED, State.ACQUIRED):
+                return  # taken already; or our own release's heir, which ``resolve`` settles
+            self.take_grant(ch, w, w.handoff.grant_ms if w.handoff else None, since)
+
+    def prune_early(self, now: float) -> None:
+        """Under the lock (housekeeping): drop early grants nobody came for."""
+        if self._early:
+            for token, since in list(self._early.items()):
+                if now - since >= settings.EARLY_KEEP:
+                    del self._early[token]
+
+    def watch(self, now: float) -> None:
+        """A grant to another process's waiter was followed by no message for longer than
+        its grant lease: the heir may have died, and the lock expired unannounced. One
+        waiter per channel here asks (invariant 23)."""
+        with self.channels.lock:
+            self.next_watch = 0.0
+            for ch in self.channels.by_name.values():
+                if ch.grant_watch and now >= ch.grant_watch:
+                    ch.grant_watch = 0.0
+                    ch.wake_one()
+                elif ch.grant_watch:
+                    self.next_watch = min(self.next_watch or ch.grant_watch, ch.grant_watch)

@@ -1,0 +1,204 @@
+"""The one wait loop every kind shares (threads and asyncio tasks).
+
+A kind supplies ``attempt(claim)``: one acquire round trip that returns ``None`` when it got
+what it wanted, else how long (ms) it may be worth waiting before the next try (the holder's
+PTTL, the nearest permit expiry; ``-1`` when nothing bounds it). The loop joins the channel's
+queue on the process's one subscription *before* its first retry, so a message that lands
+between a failed attempt and the park is never lost, and parks until woken, until that bound,
+or until the caller's budget runs out (invariant 4). Expiry publishes nothing: the bound is
+what finds it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..scripts import CLAIMED
+from . import settings
+from .channel import WakePolicy
+from .manager import PubSubManager, manager
+from .slot import Slot
+from .waiter import HandOff
+
+__all__ = ["HandOff", "Wait", "await_", "park_timeout", "wait"]
+
+
+def park_timeout(ttl: int, deadline: float | None, recheck: float | None = None) -> float | None:
+    """Seconds to park after an attempt that returned ``ttl`` ms.
+
+    ``recheck`` caps a wait with nothing to bound it (no TTL): a kind whose state changes
+    without a message it could miss re-checks at least that often (invariant 18).
+    """
+    # Redis expires a key once its deadline has *passed*: PTTL 0 is still there (invariant 4).
+    timeout = (ttl + 1) / 1000.0 if ttl >= 0 else recheck
+    if deadline is not None:
+        left = deadline - time.monotonic()
+        timeout = left if timeout is None else min(timeout, left)
+    return None if timeout is None else min(timeout, threading.TIMEOUT_MAX)
+
+
+def _park_for(w: Wait, ttl: int, deadline: float | None) -> float | None:
+    timeout = park_timeout(ttl, deadline, w.recheck)
+    if w.moved is not None and w.moved():
+        # Its subscription is on the node the slot left (invariant 28).
+        recheck = settings.MOVED_RECHECK
+        timeout = recheck if timeout is None else min(timeout, recheck)
+    return timeout
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """What one wait is about: the server (``client``: the sync client whose subscription is
+    used), the channel and key, how a message wakes (``wakes``) and how often a wait with no
+    bound re-checks (``recheck``), whether the lock's slot moved since (``moved``, on a
+    cluster: ``SlotBound``), and, for kinds with a hand-off, what a release needs to hand the
+    lock over (``handoff``)."""
+
+    client: Any
+    channel: bytes
+    key: str
+    wakes: WakePolicy | None = None
+    recheck: float | None = None
+    moved: Callable[[], bool] | None = None
+    handoff: HandOff | None = None
+
+    def enter(self, mgr: PubSubManager, loop: asyncio.AbstractEventLoop | None = None) -> Slot:
+        return mgr.enter(self.channel, self.key, wakes=self.wakes, handoff=self.handoff,
+                         loop=loop)
+
+
+def _over(deadline: float | None) -> bool:
+    return deadline is not None and time.monotonic() >= deadline
+
+
+def wait(w: Wait, attempt: Callable[[bool], int | None], budget: float | None,
+         give_back: Callable[[], Any] | None = None, park_until: float = 0.0,
+         withdraw: Callable[[], Any] | None = None,
+         verify: Callable[[], bool] | None = None) -> bool:
+    """Wait for ``attempt`` to succeed within ``budget`` seconds (None: forever).
+
+    ``give_back`` undoes a hand-off that reached us as we gave up (RLock's only, invariant 7);
+    ``withdraw`` takes our entry out of the cross-process hand-off queue (or gives back the
+    grant that raced with our giving up, invariant 24). ``verify()`` decides whether a grant
+    booked for us may be returned as a hold (invariant 31): False means it was gone in Redis
+    and is unbooked; the wait goes on.
+    """
+    deadline = None if budget is None else time.monotonic() + budget
+    sub_timeout = settings.SUBSCRIBE_TIMEOUT
+    if budget is not None:
+        sub_timeout = min(sub_timeout, budget)
+    slot = w.enter(manager(w.client))
+    acquired = False
+    try:
+        if not slot.confirmed.is_set():
+            # If the subscription cannot be confirmed in time the waits below are still
+            # bounded; we only lose the early wake-up.
+            slot.confirmed.wait(sub_timeout)
+        if park_until:
+            end = park_until if deadline is None else min(park_until, deadline)
+            acquired = slot.park(end - time.monotonic())
+        while True:
+            while not acquired:
+                if slot.begin_attempt():
+                    acquired = True
+                    break
+                sent = time.monotonic()
+                ttl = attempt(True)  # claim mode: a hand-off is taken as is (invariant 2)
+                if ttl == CLAIMED:
+                    acquired = slot.claim(sent)
+                    break
+                again = slot.attempted(ttl is None, ttl)
+                if ttl is None or slot.granted:
+                    acquired = True
+                elif again:
+                    continue
+                elif _over(deadline):
+                    break
+                else:
+                    acquired = slot.park(_park_for(w, ttl, deadline))
+            if not acquired or verify is None or not slot.granted or verify():
+                return acquired
+            slot.ungrant()
+            acquired = False
+            if _over(deadline):
+                return False
+    finally:
+        granted = slot.leave()
+        if not acquired:
+            try:
+                if granted and give_back is not None:
+                    # Handed the lock just as we gave up (budget spent, or an exception): back.
+                    give_back()
+                elif slot.registered and withdraw is not None:
+                    withdraw()
+            except Exception:
+                pass
+
+
+async def await_(w: Wait, attempt: Callable[[bool], Awaitable[int | None]],
+                 budget: float | None, give_back: Callable[[], Awaitable[Any]] | None = None,
+                 park_until: float = 0.0,
+                 withdraw: Callable[[], Awaitable[Any]] | None = None,
+                 verify: Callable[[], Awaitable[bool]] | None = None) -> bool:
+    """``wait`` for an asyncio task: it parks on its own loop, never on a thread."""
+    deadline = None if budget is None else time.monotonic() + budget
+    sub_timeout = settings.SUBSCRIBE_TIMEOUT
+    if budget is not None:
+        sub_timeout = min(sub_timeout, budget)
+    mgr = manager(w.client)
+    loop = asyncio.get_running_loop()
+    slot = w.enter(mgr, loop)
+    acquired = False
+    try:
+        confirmed = mgr.confirmation(slot, loop)
+        if confirmed is not None:
+            try:
+                await asyncio.wait_for(confirmed, sub_timeout)
+            except TimeoutError:
+                pass
+        if park_until:
+            end = park_until if deadline is None else min(park_until, deadline)
+            acquired = await slot.apark(end - time.monotonic())
+        while True:
+            while not acquired:
+                if await slot.abegin_attempt():
+                    acquired = True
+                    break
+                sent = time.monotonic()
+                ttl = await attempt(True)
+                if ttl == CLAIMED:
+                    acquired = slot.claim(sent)
+                    break
+                again = slot.attempted(ttl is None, ttl)
+                if ttl is None or slot.granted:
+                    acquired = True
+                elif again:
+                    continue
+                elif _over(deadline):
+                    break
+                else:
+                    acquired = await slot.apark(_park_for(w, ttl, deadline))
+            if not acquired or verify is None or not slot.granted or await verify():
+                return acquired
+            slot.ungrant()
+            acquired = False
+            if _over(deadline):
+                return False
+    finally:
+        granted = await slot.aleave()
+        if not acquired:
+            # Handed the lock just as we gave up (budget spent, cancelled): give it back
+            # ourselves, now, as its owner (invariant 7); or take our place in line back
+            # (invariant 24).
+            try:
+                if granted and give_back is not None:
+                    await give_back()
+                elif slot.registered and withdraw is not None:
+                    await withdraw()
+            except Exception:
+                pass

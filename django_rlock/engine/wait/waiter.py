@@ -1,0 +1,182 @@
+"""One waiting thread or asyncio task, and the state it is in.
+
+A waiter is in exactly one ``State``; ``Waiter.move`` is the one place that changes it, and it
+refuses a move the table below does not allow. Every move is made under the lock of the
+waiter's server (``channel.Channels.lock``, invariant 5).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+class State(enum.Enum):
+    #: In its channel's queue, parked or about to attempt: the one state a releasing thread of
+    #: this process may hand the lock to (invariant 5).
+    QUEUED = "queued"
+    #: In the queue with its own acquire in flight: never handed the lock meanwhile; a grant
+    #: from Redis may still come (invariants 2, 22).
+    ATTEMPTING = "attempting"
+    #: Woken (out of the queue, counted in its channel's ``active``): its retry's outcome is
+    #: not known yet (invariant 3).
+    SIGNALED = "signaled"
+    #: Chosen by a releasing thread of this process; the hand-off's outcome is not known yet
+    #: (counted in ``active``, invariant 5).
+    RESERVED = "reserved"
+    #: Handed or granted the lock: its hold is booked, without a command of its own
+    #: (invariants 5, 22).
+    GRANTED = "granted"
+    #: Took the lock with its own attempt.
+    ACQUIRED = "acquired"
+    #: Gone while a hand-off to it was in flight (cancelled twice), or its event loop closed:
+    #: whoever settles the hand-off releases for it (invariant 7).
+    ABANDONED = "abandoned"
+    #: Out of the wait.
+    LEFT = "left"
+
+
+_Q, _A, _S, _R = State.QUEUED, State.ATTEMPTING, State.SIGNALED, State.RESERVED
+_G, _D, _X, _L = State.GRANTED, State.ACQUIRED, State.ABANDONED, State.LEFT
+
+#: The moves a waiter may make (ABANDONED and LEFT are final).
+MOVES: dict[State, frozenset[State]] = {
+    _Q: frozenset({_A, _S, _R, _G, _L, _X}),
+    _A: frozenset({_Q, _S, _G, _D, _L, _X}),
+    _S: frozenset({_Q, _G, _D, _L, _X}),
+    _R: frozenset({_G, _S, _Q, _X}),  # QUEUED: detached after HANDOFF_TIMEOUT (invariant 12)
+    _G: frozenset({_Q, _L}),          # QUEUED: the grant was found gone (invariant 31)
+    _D: frozenset({_L}),
+    _X: frozenset(),
+    _L: frozenset(),
+}
+
+
+class IllegalMove(RuntimeError):
+    """A waiter was moved in a way ``MOVES`` does not allow: a bug in the waiting side."""
+
+
+@dataclass(frozen=True, slots=True)
+class HandOff:
+    """What a release needs to hand the lock to a waiter (kinds with a hand-off, RLock's).
+
+    ``owner``, ``lease_ms``, ``on_grant`` and ``info``: a releasing thread of this process may
+    hand the lock straight to the waiter (invariant 5); ``on_grant(grant_ms, since)`` books the
+    hold. ``grant`` (the lock's grant channel), ``token``, ``grant_ms``: any process's release
+    may grant it the lock (invariants 20-22); ``registered``: its first attempt already put it
+    in line. ``line``: the thread's own wake line, where grants to ``token`` arrive (invariant
+    25).
+    """
+
+    owner: str
+    lease_ms: int
+    on_grant: Callable[..., Any] | None = None
+    info: str = ""
+    grant: bytes | None = None
+    token: bytes | None = None
+    registered: bool = False
+    grant_ms: int = 0
+    line: Any = None
+
+
+class Waiter:
+    """One waiting thread, or one waiting asyncio task (``loop`` given)."""
+
+    __slots__ = ("state", "key", "handoff", "token", "line", "registered", "seen", "pending",
+                 "deliver", "_park", "_loop", "_event")
+
+    def __init__(self, key: str = "", handoff: HandOff | None = None,
+                 loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self.state = State.QUEUED
+        self.key = key  # channels are shared by {K} and K: a hand-off must match the key
+        self.handoff = handoff
+        self.token = None if handoff is None else handoff.token
+        #: Whether an entry of ours may be live in the hand-off queue in Redis (a waiter that
+        #: gives up must withdraw it, invariant 24).
+        self.registered = False if handoff is None else handoff.registered
+        self.seen = 0  # its channel's message count when its last attempt began
+        #: A thread with a wake line sleeps on it, not on a lock: a wake is then ``pending``
+        #: plus a poke, and a grant read there is ``deliver``-ed (invariant 25).
+        self.line = None if handoff is None else handoff.line
+        self.pending = False
+        self.deliver: Callable[[bytes], Any] | None = None
+        self._loop = loop
+        if loop is not None:
+            self._event = asyncio.Event()
+        elif self.line is None:
+            self._park = threading.Lock()
+            self._park.acquire()
+
+    def move(self, to: State) -> None:
+        """The one place a waiter's state changes (under its server's lock)."""
+        if to not in MOVES[self.state]:
+            raise IllegalMove(f"a waiter for {self.key!r} cannot go from {self.state.name} "
+                              f"to {to.name}")
+        self.state = to
+
+    # -- what a releasing thread reads (``reserve``) -----------------------------------------
+    @property
+    def owner(self) -> str:
+        return "" if self.handoff is None else self.handoff.owner
+
+    @property
+    def lease_ms(self) -> int:
+        return 0 if self.handoff is None else self.handoff.lease_ms
+
+    @property
+    def info(self) -> str:
+        return "" if self.handoff is None else self.handoff.info
+
+    # -- parking and waking --------------------------------------------------------------
+    def park(self, timeout: float | None) -> None:
+        if self.line is not None:
+            self.line.park(self, timeout, self.deliver)
+            return
+        if timeout is None:
+            self._park.acquire()
+        elif timeout > 0:
+            self._park.acquire(timeout=min(timeout, threading.TIMEOUT_MAX))
+        else:
+            self._park.acquire(blocking=False)
+
+    async def apark(self, timeout: float | None) -> None:
+        if timeout is None or timeout > 0:
+            try:
+                await asyncio.wait_for(self._event.wait(), timeout)
+            except TimeoutError:
+                pass
+        # No await between the wake and this clear: a wake cannot slip in and be lost
+        # (invariant 4).
+        self._event.clear()
+
+    def wake(self) -> bool:
+        """Wake it (under the lock); False if it is gone (its event loop closed under it),
+        and then it is ``ABANDONED``."""
+        if self._loop is not None:
+            try:
+                self._loop.call_soon_threadsafe(self._event.set)
+            except RuntimeError:  # its loop is closed: the waiter is gone
+                if self.state is not State.ABANDONED:
+                    self.move(State.ABANDONED)
+                return False
+            return True
+        if self.line is not None:
+            self.pending = True
+            self.line.poke()
+            return True
+        try:
+            self._park.release()
+        except RuntimeError:  # already released: a wake is pending anyway
+            pass
+        return True
+
+    def signal(self) -> bool:
+        """Wake it for a retry (it is out of the queue, counted ``active``); False if gone."""
+        if not self.wake():
+            return False
+        self.move(State.SIGNALED)
+        return True
