@@ -39,7 +39,7 @@ from .engine import (
 __version__ = "0.1.0"
 
 #: Django-facing names, imported on first use: name -> module.
-_LAZY = {"get_lock": "connection", "get_semaphore": "connection", "get_latch": "connection",
+_LAZY = {"get_lock": "factory", "get_semaphore": "factory", "get_latch": "factory",
          "locked": "decorators", "limited": "limits", "fenced_update": "fencing",
          "afenced_update": "fencing"}
 
