@@ -25,7 +25,7 @@ from django.urls import URLPattern, path, reverse
 from redis.exceptions import RedisError
 
 from .conf import get_config
-from .inspect import Holder, LockInfo, LockInspector, glob_escape
+from .inspection import Holder, LockInfo, LockInspector, glob_escape
 from .models import Lock
 from .signals import force_unlocked_by
 
