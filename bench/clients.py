@@ -30,7 +30,7 @@ PRL = "python-redis-lock"
 FAIR = "django-rlock FairLock"
 SEMAPHORE = "django-rlock Semaphore"
 PERMITS = "django-rlock PermitExpirableSemaphore"
-#: A client that is not django-rlock: Redisson's own scripts and pub/sub (bench/foreign.py).
+#: A client that is not django-rlock: Redisson's own scripts and pub/sub (bench/redisson.py).
 FOREIGN = "Redisson-style client"
 
 FLOOR_SCRIPT = "return 1"
@@ -196,6 +196,12 @@ def make_adapter(lib: str, client: redis.Redis, name: str, wait_s: float | None 
             pes.release(held.pop())
         return Adapter(acquire_permit, release_permit)
     if lib == FOREIGN:
-        from .foreign import redisson_adapter
-        return redisson_adapter(client, name, wait_s)
+        from .redisson import RedissonStyleLock
+        rs = RedissonStyleLock(client, name)
+        budget = 30.0 if wait_s is None else wait_s
+
+        def acquire_redisson() -> None:
+            if not rs.try_lock(budget):
+                raise TimeoutError(f"{lib}: not acquired in {budget}s")
+        return Adapter(acquire_redisson, rs.unlock)
     raise ValueError(f"unknown library {lib!r}")

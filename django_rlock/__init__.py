@@ -4,6 +4,9 @@ Importing this package needs neither Django nor configured settings: the engine 
 imported eagerly, the Django-facing ones (``get_lock``, ``locked``, ...) on first use.
 """
 
+import sys
+from importlib.machinery import ModuleSpec
+from types import ModuleType
 from typing import Any
 
 from .engine import (
@@ -42,7 +45,7 @@ from .engine import (
 __version__ = "0.1.0"
 
 #: Django-facing names, imported on first use: name -> module.
-_LAZY = {"get_lock": "connection", "get_semaphore": "connection", "get_latch": "connection",
+_LAZY = {"get_lock": "factory", "get_semaphore": "factory", "get_latch": "factory",
          "locked": "decorators", "limited": "limits", "fenced_update": "fencing",
          "afenced_update": "fencing"}
 
@@ -63,3 +66,34 @@ def __getattr__(name: str) -> Any:
     import importlib
 
     return getattr(importlib.import_module(f".{module}", __name__), name)
+
+
+#: Old module paths -> the module that now lives under another name. ``django_rlock.inspect``
+#: became ``django_rlock.inspection`` (a file named inspect.py shadowed the standard library's
+#: ``inspect`` for anything run from inside the package directory); the old path still imports.
+_MOVED = {f"{__name__}.inspect": f"{__name__}.inspection"}
+
+
+class _MovedModules:
+    """A ``sys.meta_path`` finder and loader that serves each old path in ``_MOVED`` as the
+    very module object of its new one (one module: a setting patched through either path is
+    seen through both). Imports the new module only when the old path is imported."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> ModuleSpec | None:
+        return ModuleSpec(fullname, self) if fullname in _MOVED else None
+
+    def create_module(self, spec: ModuleSpec) -> ModuleType:
+        import importlib
+
+        module = importlib.import_module(_MOVED[spec.name])
+        # The import system now sets ``module.__spec__ = spec`` (the alias's);
+        # ``exec_module`` puts the module's own back.
+        spec.loader_state = module.__spec__
+        return module
+
+    def exec_module(self, module: ModuleType) -> None:
+        module.__spec__ = module.__spec__.loader_state
+
+
+if not any(isinstance(finder, _MovedModules) for finder in sys.meta_path):
+    sys.meta_path.append(_MovedModules())

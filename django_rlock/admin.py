@@ -26,7 +26,7 @@ from redis.exceptions import RedisError
 
 from .conf import get_config
 from .engine import kinds
-from .inspect import Holder, LockInfo, LockInspector, glob_escape
+from .inspection import Holder, LockInfo, LockInspector, glob_escape
 from .models import Lock
 from .signals import force_unlocked_by
 

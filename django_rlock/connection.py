@@ -1,4 +1,6 @@
-"""Locks on the Redis connection of a Django cache alias.
+"""The Redis connection of a Django cache alias: its client (``get_client``) and key prefix.
+
+The locks made on it are ``django_rlock.factory``'s (``get_lock``, ...).
 
 Everything here is resolved on each call, never at import, in ``ready()`` or in a module
 global: ``override_settings(CACHES=...)`` rebuilds the cache handlers, and a stale client would
@@ -7,7 +9,6 @@ point at the old server.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
@@ -17,8 +18,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from .conf import get_config, lock_options
-from .decorators import check_kind, check_permits, lock_of_kind
+from .conf import get_config
 from .engine import MultiLock, RedLock, RLock
 
 if TYPE_CHECKING:
@@ -132,72 +132,6 @@ def get_prefix(cache: str | None = None) -> str:
     return f"{key_prefix}:rlock:" if key_prefix else "rlock:"
 
 
-def get_lock(name: str, *, cache: str | Sequence[str] | None = None, label: str | None = None,
-             quorum: bool = False, kind: str | None = None) -> Any:
-    """A lock on the cache's Redis connection, with the configured prefix, watchdog and
-    replica sync. ``label``: what events and metrics call it (a template, never the name).
-
-    ``kind``: None (an ``RLock``), ``"fair"`` (``FairLock``), ``"read"`` / ``"write"`` (the
-    ``read_lock()`` / ``write_lock()`` of the ``ReadWriteLock`` of that name) or ``"fenced"``
-    (``FencedLock``). Every kind has the ``RLock`` API.
-
-    ``cache=["a", "b", "c"]``: a ``MultiLock`` over those aliases' servers (each with its own
-    prefix), or with ``quorum=True`` a ``RedLock`` (a majority of them); only of RLocks.
-    """
-    check_kind(kind, name)
-    if isinstance(cache, (list, tuple)):
-        if kind is not None:
-            raise ValueError(f"kind={kind!r} cannot span several caches: a MultiLock/RedLock "
-                             f"is made of plain RLocks (lock {name!r})")
-        return multi_lock([RLock(get_client(a), name, prefix=get_prefix(a), label=label,
-                                 **lock_options()) for a in cache_aliases(cache)], quorum)
-    if quorum:
-        raise ValueError(f"quorum=True needs a list of cache aliases (lock {name!r})")
-    return lock_of_kind(kind, get_client(cache), name, get_prefix(cache), label=label,
-                        **lock_options())
-
-
-def get_semaphore(name: str, permits: int | None = None, *, cache: str | None = None) -> Any:
-    """A ``PermitExpirableSemaphore`` on the cache's Redis connection (prefix and watchdog
-    timeout from the settings): permits taken without a lease are renewed while their holder
-    lives and come back within ``WATCHDOG_TIMEOUT`` after a crash.
-
-    ``permits``: set the number of permits if the semaphore has none yet (``try_set_permits``,
-    one command now); an existing semaphore keeps its own count. None: leave it alone.
-    """
-    from .engine.lock import check_name
-
-    check_name(name)
-    if permits is not None:
-        check_permits(permits, name)
-    from .engine.semaphore import PermitExpirableSemaphore
-
-    sem = PermitExpirableSemaphore(get_client(cache), name, get_prefix(cache),
-                                   watchdog_timeout=lock_options()["watchdog_timeout"])
-    if permits is not None:
-        sem.try_set_permits(permits)
-    return sem
-
-
-def get_latch(name: str, *, cache: str | None = None) -> Any:
-    """A ``CountDownLatch`` on the cache's Redis connection, at the configured prefix."""
-    from .engine.lock import check_name
-
-    check_name(name)
-    from .engine.latch import CountDownLatch
-
-    return CountDownLatch(get_client(cache), name, get_prefix(cache))
-
-
-def cache_aliases(caches_: Sequence[str]) -> list[str]:
-    """A list of cache aliases for a MultiLock/RedLock: non-empty, distinct, known."""
-    aliases = list(caches_)
-    if not aliases or not all(isinstance(a, str) for a in aliases):
-        raise ValueError(f"cache must be an alias or a non-empty list of aliases, got {caches_!r}")
-    if len(set(aliases)) != len(aliases):
-        raise ValueError(f"cache aliases repeat: {aliases!r}")
-    return [cache_alias(a) for a in aliases]
-
-
 def multi_lock(members: list[RLock], quorum: bool) -> MultiLock:
+    """A ``RedLock`` of ``members`` with ``quorum``, else a ``MultiLock``."""
     return RedLock(*members) if quorum else MultiLock(*members)

@@ -19,9 +19,10 @@ import string
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol, TypeVar
 
-from .engine import AsyncRLock, LockBusy, RLock, events, kinds
+from .engine import AsyncRLock, LockBusy, RLock, events
 from .engine.listing import describe_holders
 from .engine.lock import check_seconds
+from .lockkinds import async_lock_of_kind, check_kind, lock_of_kind
 from .transaction import TransactionRelease
 
 logger = logging.getLogger("django_rlock")
@@ -211,56 +212,6 @@ class LockSpec:
 def is_async_client(client: Any) -> bool:
     return hasattr(client, "connection_pool") and inspect.iscoroutinefunction(
         getattr(client, "execute_command", None))
-
-
-# -- lock kinds ---------------------------------------------------------------------------------
-def __getattr__(name: str) -> Any:
-    # ``KINDS``: the ``kind=`` values ``get_lock`` and ``@locked`` build, from the registry.
-    if name == "KINDS":
-        return kinds.lock_names()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def check_kind(kind: Any, name: str) -> str | None:
-    """``kind`` if the registry builds locks of it; ValueError naming the lock, before any Redis
-    command."""
-    if kind is not None and (not isinstance(kind, str)
-                             or kinds.lock_factory(kind) is None):
-        known = sorted(k for k in kinds.lock_names() if k is not None)
-        listed = ", ".join(map(repr, known[:-1])) + f" or {known[-1]!r}"
-        raise ValueError(f"kind must be None, {listed}, not {kind!r} (lock {name!r})")
-    return kind
-
-
-def lock_of_kind(kind: str | None, client: Any, name: str, prefix: str,
-                 **options: Any) -> Any:
-    """A lock with the ``RLock`` API of one kind (the registry's ``kind=`` names) on a redis-py
-    client. ``options``: what the constructors share (``watchdog_timeout``, ``label``,
-    ``on_lost``, ``sync_replicas``, ``sync_timeout``)."""
-    check_kind(kind, name)
-    make = kinds.lock_factory(kind)
-    assert make is not None
-    return make(client, name, prefix, **options)
-
-
-def async_lock_of_kind(kind: str | None, client: Any, name: str, prefix: str,
-                       **options: Any) -> Any:
-    """``lock_of_kind`` for asyncio: ``client`` is a ``redis.asyncio`` client; ``options`` may
-    carry ``sync_client`` (the sync twin that renews and waits)."""
-    check_kind(kind, name)
-    make = kinds.lock_factory(kind, aio=True)
-    assert make is not None
-    return make(client, name, prefix, **options)
-
-
-def check_permits(permits: Any, name: str) -> int:
-    """A number of permits: an int >= 1 (TypeError/ValueError naming the semaphore)."""
-    if isinstance(permits, bool) or not isinstance(permits, int):
-        raise TypeError(f"permits must be an int, not {type(permits).__name__} "
-                        f"(semaphore {name!r})")
-    if permits < 1:
-        raise ValueError(f"permits must be >= 1, got {permits!r} (semaphore {name!r})")
-    return permits
 
 
 # -- fenced locks ---------------------------------------------------------------------------------

@@ -24,9 +24,10 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from .decorators import LockSpec, check_permits, decorator, is_async_client
+from .decorators import LockSpec, decorator, is_async_client
 from .engine.errors import LockBusy
 from .engine.naming import suffix_name
+from .lockkinds import check_permits
 
 logger = logging.getLogger("django_rlock")
 

@@ -40,6 +40,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     src = tmp / "src"
     src.mkdir()
     shutil.copy(ROOT / "pyproject.toml", src)
+    shutil.copy(ROOT / "setup.py", src)
     shutil.copy(ROOT / "README.md", src)
     shutil.copytree(ROOT / "django_rlock", src / "django_rlock",
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))

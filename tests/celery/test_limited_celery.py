@@ -37,7 +37,7 @@ def test_busy_tasks_skip_by_default(locks, log, caplog):
 
 
 def test_retry_until_a_permit_is_free(locks, log):
-    from django_rlock.connection import get_semaphore
+    from django_rlock.factory import get_semaphore
     from tests.celery.tasks import limited_retry
 
     sem = get_semaphore("limr:r", permits=1)

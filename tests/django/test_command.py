@@ -23,7 +23,7 @@ from django.core.management.base import CommandError
 
 from django_rlock import get_lock
 from django_rlock.engine import RLock, identity
-from django_rlock.inspect import LockInspector, glob_escape
+from django_rlock.inspection import LockInspector, glob_escape
 from django_rlock.signals import lock_force_unlocked
 from tests.django.conftest import DJANGO_REDIS_DB, write_lock
 from tests.redis_server import RedisServer
@@ -240,7 +240,7 @@ def test_decode_responses_client(monkeypatch: pytest.MonkeyPatch, db1: redis.Red
     write_lock(db1, "demo:rlock:java", owner="java:6")
     db1.hset("demo:rlock:plain", "k", "v")
     text_client = redis_server.client(db=DJANGO_REDIS_DB, decode_responses=True)
-    monkeypatch.setattr("django_rlock.inspect.get_client", lambda alias: text_client)
+    monkeypatch.setattr("django_rlock.inspection.get_client", lambda alias: text_client)
     inspector = LockInspector()
     [info] = inspector.locks()
     holder = info.holders[0]

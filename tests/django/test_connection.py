@@ -214,7 +214,7 @@ def test_redis_url_serves_locks_when_the_cache_is_not_redis(settings: Any,
                                                            own_server: RedisServer) -> None:
     """RLOCK['REDIS_URL']: locks on a Redis of their own (here the cache is LocMem): get_lock,
     the listing and the checks use it; an explicit cache alias still means that cache."""
-    from django_rlock.inspect import list_locks
+    from django_rlock.inspection import list_locks
 
     settings.CACHES = {**settings.CACHES,
                        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}

@@ -13,7 +13,7 @@ from django.test import AsyncClient, Client
 from django.urls import path
 
 from django_rlock import LockBusy, RLock, get_lock, locked
-from django_rlock.connection import get_latch, get_semaphore
+from django_rlock.factory import get_latch, get_semaphore
 
 pytestmark = pytest.mark.urls(__name__)
 

@@ -15,7 +15,7 @@ from django.test import AsyncClient, Client
 from django.urls import path
 
 from django_rlock import LockBusy
-from django_rlock.connection import get_semaphore
+from django_rlock.factory import get_semaphore
 from django_rlock.limits import limited
 
 pytestmark = pytest.mark.urls(__name__)

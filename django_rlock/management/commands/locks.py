@@ -16,7 +16,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from redis.exceptions import RedisError
 
 from django_rlock.engine import kinds
-from django_rlock.inspect import Holder, LockInfo, LockInspector
+from django_rlock.inspection import Holder, LockInfo, LockInspector
 
 #: Shown for what is unknown: holders another Redisson client wrote have no index entry.
 UNKNOWN = "-"
