@@ -33,7 +33,7 @@ from django_rlock import (  # noqa: E402
     RedLock,
     RLock,
 )
-from django_rlock.engine.replicas import _online  # noqa: E402
+from django_rlock.engine.replicas import online  # noqa: E402
 from django_rlock.testing import RedisServer, free_port  # noqa: E402
 
 
@@ -49,7 +49,7 @@ def main() -> None:
     try:
         m = master.client()
         deadline = time.monotonic() + 10
-        while _online(m.info("replication")) < 1 and time.monotonic() < deadline:
+        while online(m.info("replication")) < 1 and time.monotonic() < deadline:
             time.sleep(0.05)
         plain = [s.client() for s in alone]
         sha = plain[0].script_load("return 1")

@@ -44,28 +44,10 @@ MAX_LINES = 500
 LONG_MODULES: dict[str, str] = {
     "django_rlock/decorators.py": "@locked's per-call path is being rewritten on the decorator-speed "
                                   "branch (#22), which adds ~150 lines; split it after that lands",
-    "django_rlock/engine/lock.py": "RLock: moves into engine/kinds/ (#24, lead)",
-    "django_rlock/engine/semaphore.py": "Semaphore, PermitExpirableSemaphore: move into engine/kinds/ "
-                                        "(#24, lead)",
-    "django_rlock/engine/scripts.py": "the Lua scripts: move into engine/lua/ (#24, lead)",
-    "django_rlock/engine/listing.py": "the listing and force-unlock of every kind: to split (#24)",
-    "django_rlock/engine/pubsub.py": "pub/sub waiting: moves into engine/wait/ (#24, restructure-wait)",
 }
 
 #: Private names imported from another module today: "path imports module._name" -> why.
-PRIVATE_IMPORTS: dict[str, str] = {
-    "django_rlock/engine/semaphore.py imports django_rlock.engine.scripts._STAMP":
-        "the scripts' shared Lua stamp: public once the scripts move to engine/lua/ (#24, lead)",
-    "django_rlock/engine/rwlock.py imports django_rlock.engine.scripts._STAMP": "as above",
-    "django_rlock/engine/fenced.py imports django_rlock.engine.scripts._STAMP": "as above",
-    "django_rlock/engine/latch.py imports django_rlock.engine.scripts._STAMP": "as above",
-    "django_rlock/engine/fair.py imports django_rlock.engine.scripts._STAMP": "as above",
-    "django_rlock/engine/latch.py imports django_rlock.engine.semaphore._Named":
-        "the semaphore's and latch's shared base: public in engine/kinds/ (#24, lead)",
-    "bench/failover.py imports django_rlock.engine.replicas._online":
-        "the bench reads the engine's cached replica counts: needs a public reader in "
-        "engine/replicas.py (engine owner)",
-}
+PRIVATE_IMPORTS: dict[str, str] = {}
 
 #: What an engine module may never import (top-level package names).
 NOT_IN_ENGINE = frozenset({"django", "celery", "django_redis", "kombu"})

@@ -21,7 +21,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from . import events, identity, replicas
 from .clients import SlotBound, async_twin, refresh, sync_twin
 from .errors import LockNotOwnedError
-from .lock import HoldKey, LockBase, log_masked_release, ttl_seconds
+from .kinds import Kind, declare
+from .lock import HoldKey, LockBase, RLock, log_masked_release, ttl_seconds
 from .naming import UNLOCK_MESSAGE
 from .scripts import (
     RELEASE_SCRIPT,
@@ -360,3 +361,10 @@ class AsyncRLock(LockBase):
             await self.unlock()
         except Exception as err:
             log_masked_release(self.name, exc_type, err)
+
+
+KIND = declare(Kind(
+    "lock", "hash",
+    note="Its waiters are woken and one of them takes the lock; waiters in its hand-off line "
+         "keep their places.",
+    open=RLock, locks={None: RLock}, async_locks={None: AsyncRLock}))

@@ -38,11 +38,11 @@ def _parse(server: Any, info: Any, waited: Any) -> int | None:
         raise waited
     if isinstance(info, Exception):
         raise info
-    _counts[server] = (time.monotonic(), n := _online(info))
+    _counts[server] = (time.monotonic(), n := online(info))
     return n
 
 
-def _online(info: Any) -> int:
+def online(info: Any) -> int:
     """Replicas that can acknowledge: ``state=online`` (one still loading its first full sync
     is connected but acknowledges nothing, and would fail every acquire until it is done)."""
     if not isinstance(info, dict):

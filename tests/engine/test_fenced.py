@@ -398,7 +398,7 @@ def test_a_promoted_replica_that_missed_the_last_tokens_hands_out_larger_ones():
     m, rep = master.client(), replica.client()
     try:
         deadline = time.monotonic() + 10
-        while (replicas._online(m.info("replication")) != 1  # online on both sides
+        while (replicas.online(m.info("replication")) != 1  # online on both sides
                or rep.info("replication")["master_link_status"] != "up"):
             assert time.monotonic() < deadline
             time.sleep(0.02)

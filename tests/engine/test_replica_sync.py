@@ -39,7 +39,7 @@ def pair() -> Iterator[tuple[RedisServer, RedisServer]]:
                           args=["--replicaof", "127.0.0.1", str(master.port)]).start()
     with master.client() as m, replica.client() as rep:
         # Online on the master's side too: a replica still in its first sync is not counted.
-        _until(lambda: replicas._online(m.info("replication")) == 1
+        _until(lambda: replicas.online(m.info("replication")) == 1
                and rep.info("replication")["master_link_status"] == "up")
     yield master, replica
     for s in (replica, master):
@@ -188,8 +188,8 @@ def test_only_online_replicas_are_counted():
     # A replica still loading its first full sync is connected but acknowledges nothing.
     info = {"connected_slaves": 2, "slave0": {"ip": "127.0.0.1", "state": "online"},
             "slave1": {"ip": "127.0.0.1", "state": "wait_bgsave"}}
-    assert replicas._online(info) == 1
-    assert replicas._online({"connected_slaves": 0}) == 0
+    assert replicas.online(info) == 1
+    assert replicas.online({"connected_slaves": 0}) == 0
 
 
 def test_renewals_reach_the_replica_or_the_holder_is_in_doubt(pair, m):

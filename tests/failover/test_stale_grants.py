@@ -420,7 +420,7 @@ def test_a_replica_gone_behind_a_fixed_address_costs_one_timeout_at_most(holders
     gate = Gate(master.socket)
     try:
         with master.client() as m, replica.client() as rep:
-            _until(lambda: replicas._online(m.info("replication")) == 1
+            _until(lambda: replicas.online(m.info("replication")) == 1
                    and rep.info("replication")["master_link_status"] == "up", 10,
                    "the replica in sync")
         client = redis.Redis("127.0.0.1", gate.port, socket_timeout=1.0)

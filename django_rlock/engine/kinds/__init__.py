@@ -12,7 +12,9 @@ module imports the registry to declare itself.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import sys
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -21,7 +23,7 @@ from typing import Any
 #: The modules (under ``django_rlock.engine``) that declare kinds, in listing's order of
 #: recognition for keys found without an index entry (a SCAN): the first whose ``detect``
 #: says yes, else the layout's fallback (the kind without ``detect``).
-MODULES = ("rwlock", "fair", "fenced", "nonreentrant", "lock", "semaphore", "permits", "latch")
+MODULES = ("rwlock", "fair", "fenced", "nonreentrant", "aio", "semaphore", "permits", "latch")
 
 #: A string key found by SCAN with no index entry: Redisson stores a semaphore and a latch
 #: alike (an integer string), so it is shown as either.
@@ -58,6 +60,8 @@ class Kind:
     details: Callable[[dict[str, Any], bool], dict[str, Any]] | None = None
     summary: Callable[[dict[str, Any]], str] | None = None
     lines: Callable[[dict[str, Any]], list[str]] | None = None
+    #: The module that declared it (``declare`` fills it in): its place in ``MODULES``.
+    module: str = ""
 
 
 _kinds: dict[str, Kind] = {}
@@ -71,8 +75,10 @@ def declare(kind: Kind) -> Kind:
         raise ValueError(f"kind {kind.name!r}: layout must be 'hash' or 'string', not "
                          f"{kind.layout!r}")
     known = _kinds.get(kind.name)
-    if known is not None and known is not kind:
+    if known is not None and known.module != sys._getframe(1).f_globals.get("__name__", ""):
         raise ValueError(f"kind {kind.name!r} is declared twice")
+    if not kind.module:
+        kind = dataclasses.replace(kind, module=sys._getframe(1).f_globals.get("__name__", ""))
     _kinds[kind.name] = kind
     return kind
 
@@ -89,7 +95,7 @@ def _load() -> None:
 
 
 def _rank(kind: Kind) -> int:
-    module = getattr(kind.open, "__module__", "").rsplit(".", 1)[-1]
+    module = kind.module.rsplit(".", 1)[-1]
     return MODULES.index(module) if module in MODULES else len(MODULES)
 
 
