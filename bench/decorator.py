@@ -13,8 +13,10 @@ uncontended lock, the view, one release, with a ``RequestFactory`` request:
 - ``with get_lock``: ``with get_lock(f"bench:{pk}"): view(request, pk=pk)``;
 - ``@locked``: the view decorated with ``@locked("bench:{pk}")``, called as the URL resolver
   calls it (``view(request, pk=pk)``);
-- ``@locked (REF)`` with ``--baseline REF``: the same view under ``django_rlock/decorators.py``
-  as it is at git revision REF (loaded beside the current one), for before/after in one run;
+- ``(baseline)`` rows, with ``--baseline REF``: the same calls through ``django_rlock``'s
+  ``decorators.py``, ``connection.py`` and ``transaction.py`` as they are at git revision REF
+  (loaded beside the current ones; engine and settings are shared), for before/after in one
+  run; their "+us" is against the baseline's own ``with get_lock``;
 - the same for a plain function (``@locked("job:{n}")``, ``job(n)``), and for an async view
   (``@locked`` on ``async def``, vs ``async with`` the ``AsyncRLock`` the decorator builds).
 
@@ -76,25 +78,36 @@ def setup_django(server: RedisServer) -> None:
     connection.ensure_connection()  # a project's request has usually touched the database
 
 
-def load_baseline(ref: str) -> Any:
-    """``django_rlock/decorators.py`` at git revision ``ref``, as ``django_rlock._decorators_at_ref``
-    (its relative imports resolve in the current package), with the Celery hooks installed."""
-    source = subprocess.run(["git", "-C", str(ROOT), "show", f"{ref}:django_rlock/decorators.py"],
-                            capture_output=True, text=True, check=True).stdout
-    name = "django_rlock._decorators_at_ref"
-    spec = importlib.util.spec_from_loader(name, loader=None, origin=f"{ref}:decorators.py")
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    module.__package__ = "django_rlock"
-    sys.modules[name] = module
-    exec(compile(source, f"<{ref}:django_rlock/decorators.py>", "exec"), module.__dict__)
+#: The modules of the Django layer a ``@locked`` call runs through, in import order.
+BASELINE_MODULES = ("transaction", "decorators", "connection")
+
+
+def load_baseline(ref: str) -> dict[str, Any]:
+    """``django_rlock/{transaction,connection,decorators}.py`` as they are at git revision
+    ``ref``, loaded beside the current ones as ``django_rlock._ref_<name>`` (importing each
+    other, and the current engine and conf), the Celery hooks installed in the old
+    decorators too. Returns name -> module."""
+    loaded: dict[str, Any] = {}
+    for base in BASELINE_MODULES:
+        source = subprocess.run(["git", "-C", str(ROOT), "show", f"{ref}:django_rlock/{base}.py"],
+                                capture_output=True, text=True, check=True).stdout
+        for other in BASELINE_MODULES:
+            source = source.replace(f"from .{other} import", f"from ._ref_{other} import")
+        name = f"django_rlock._ref_{base}"
+        spec = importlib.util.spec_from_loader(name, loader=None, origin=f"{ref}:{base}.py")
+        assert spec is not None
+        module = importlib.util.module_from_spec(spec)
+        module.__package__ = "django_rlock"
+        sys.modules[name] = module
+        exec(compile(source, f"<{ref}:django_rlock/{base}.py>", "exec"), module.__dict__)
+        loaded[base] = module
     from django_rlock import decorators
 
-    module.register_task_hooks(decorators._task_hooks)
-    return module
+    loaded["decorators"].register_task_hooks(decorators._task_hooks)
+    return loaded
 
 
-def sync_variants(transport: str, baseline: Any) -> dict[str, Callable[[], object]]:
+def sync_variants(transport: str, baseline: dict[str, Any] | None) -> dict[str, Callable[[], object]]:
     from django.http import HttpResponse
     from django.test import RequestFactory
     from django_redis import get_redis_connection
@@ -142,23 +155,37 @@ def sync_variants(transport: str, baseline: Any) -> dict[str, Callable[[], objec
         "floor (2 EVALSHA)": floor, "bare view": bare, "view: with get_lock": with_get_lock,
         "view: @locked": at_locked}
     if baseline is not None:
-        old = baseline.locked("bench:{pk}", cache=cache)(view)
+        old_get_lock = baseline["connection"].get_lock
+        old = baseline["decorators"].locked("bench:{pk}", cache=cache)(view)
+
+        def old_with_get_lock() -> None:
+            pk = 1
+            with old_get_lock(f"bench:{pk}", cache=cache):
+                view(request, pk=pk)
+
+        out["view: with get_lock (baseline)"] = old_with_get_lock
         out["view: @locked (baseline)"] = lambda: old(request, pk=1)
     out["function: with get_lock"] = job_with_get_lock
     out["function: @locked"] = job_locked
     if baseline is not None:
-        old_job = baseline.locked("job:{n}", cache=cache)(job)
+        old_job = baseline["decorators"].locked("job:{n}", cache=cache)(job)
+
+        def old_job_with_get_lock() -> None:
+            n = 1
+            with old_get_lock(f"job:{n}", cache=cache):
+                job(n)
+
+        out["function: with get_lock (baseline)"] = old_job_with_get_lock
         out["function: @locked (baseline)"] = lambda: old_job(1)
     return out
 
 
-def async_variants(transport: str, baseline: Any) -> dict[str, Callable[[], Any]]:
+def async_variants(transport: str, baseline: dict[str, Any] | None) -> dict[str, Callable[[], Any]]:
     from django.http import HttpResponse
     from django.test import RequestFactory
 
-    from django_rlock import AsyncRLock, locked
+    from django_rlock import AsyncRLock, connection, locked
     from django_rlock.conf import lock_options
-    from django_rlock.connection import get_client, get_prefix
     from django_rlock.engine.clients import async_twin
 
     cache = None if transport == "unix" else "tcp"
@@ -169,24 +196,28 @@ def async_variants(transport: str, baseline: Any) -> dict[str, Callable[[], Any]
 
     decorated = locked("abench:{pk}", cache=cache)(view)
 
-    async def by_hand() -> None:
-        pk = 1
-        client = get_client(cache)
-        async with AsyncRLock(async_twin(client), f"abench:{pk}", get_prefix(cache),
-                              sync_client=client, **lock_options()):
-            await view(request, pk=pk)
+    def by_hand(conn: Any) -> Callable[[], Any]:
+        async def step() -> None:
+            pk = 1
+            client = conn.get_client(cache)
+            async with AsyncRLock(async_twin(client), f"abench:{pk}", conn.get_prefix(cache),
+                                  sync_client=client, **lock_options()):
+                await view(request, pk=pk)
+
+        return step
 
     async def at_locked() -> None:
         await decorated(request, pk=1)
 
-    out: dict[str, Callable[[], Any]] = {"async view: async with AsyncRLock": by_hand,
+    out: dict[str, Callable[[], Any]] = {"async view: async with AsyncRLock": by_hand(connection),
                                          "async view: @locked": at_locked}
     if baseline is not None:
-        old = baseline.locked("abench:{pk}", cache=cache)(view)
+        old = baseline["decorators"].locked("abench:{pk}", cache=cache)(view)
 
         async def at_old() -> None:
             await old(request, pk=1)
 
+        out["async view: async with AsyncRLock (baseline)"] = by_hand(baseline["connection"])
         out["async view: @locked (baseline)"] = at_old
     return out
 
@@ -237,13 +268,14 @@ def timed_rounds(steps: dict[str, Callable[[], Any]], rounds: int, seconds: floa
 
 
 def reference_of(name: str) -> str | None:
-    """The variant a row's "+us" is taken against (None: no "+us")."""
-    if name.startswith("view: @locked"):
-        return "view: with get_lock"
-    if name.startswith("function: @locked"):
-        return "function: with get_lock"
-    if name.startswith("async view: @locked"):
-        return "async view: async with AsyncRLock"
+    """The variant a row's "+us" is taken against (None: no "+us"): the same call made by
+    hand, with the same code (a baseline row against the baseline's ``get_lock``)."""
+    tail = " (baseline)" if name.endswith(" (baseline)") else ""
+    for kind, ref in (("view: @locked", "view: with get_lock"),
+                      ("function: @locked", "function: with get_lock"),
+                      ("async view: @locked", "async view: async with AsyncRLock")):
+        if name.startswith(kind):
+            return ref + tail
     return None
 
 

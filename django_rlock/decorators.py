@@ -19,10 +19,14 @@ import string
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol, TypeVar
 
+import redis
+import redis.asyncio
+
 from .engine import AsyncRLock, LockBusy, RLock, events
+from .engine.clients import async_twin
 from .engine.listing import describe_holders
 from .engine.lock import check_seconds
-from .transaction import TransactionRelease
+from .transaction import TransactionRelease, in_transaction
 
 logger = logging.getLogger("django_rlock")
 
@@ -43,6 +47,70 @@ def _template_fields(template: str) -> list[str]:
                              f"name the argument instead, e.g. {{pk}}")
         roots.append(root)
     return roots
+
+
+#: A value no call passes (``name_builder``'s "not given").
+_MISSING: Any = object()
+
+
+def template_picks(fields: Sequence[str],
+                   sig: inspect.Signature) -> list[tuple[str, int | None, Any]] | None:
+    """How to pick each root a template uses straight from a call: ``(name, position or None,
+    default or _MISSING)``; None if some root cannot be picked so (positional-only, ``*args``
+    or ``**kwargs`` itself), and ``Signature.bind`` must do it."""
+    params = list(sig.parameters.values())
+    picks = []
+    for field in dict.fromkeys(fields):
+        param = sig.parameters.get(field)
+        if param is None:  # only through **kwargs (check_signature saw to that)
+            picks.append((field, None, _MISSING))
+        elif param.kind is param.POSITIONAL_OR_KEYWORD:
+            picks.append((field, params.index(param),
+                          _MISSING if param.default is param.empty else param.default))
+        elif param.kind is param.KEYWORD_ONLY:
+            picks.append((field, None, _MISSING if param.default is param.empty else param.default))
+        else:
+            return None
+    return picks
+
+
+#: ``conf.get_config`` once imported (Django settings are only read where a spec has no client).
+_get_config: Callable[[], Any] | None = None
+
+
+def _settings_reader() -> Callable[[], Any]:
+    global _get_config
+    from .conf import get_config
+
+    _get_config = get_config
+    return get_config
+
+
+class _Place:
+    """Where a spec's locks go: ``config`` is the settings dict it was resolved from (None
+    for a spec with its own client); the client is looked up per call (Django's cache
+    handlers are per thread, and rebuilt when CACHES change)."""
+
+    __slots__ = ("alias", "client", "config", "get_client", "options", "prefix",
+                 "watchdog_timeout")
+
+    def __init__(self, config: Any, alias: str | None, prefix: str, options: dict[str, Any],
+                 watchdog_timeout: float, client: Any) -> None:
+        self.config = config
+        self.alias = alias
+        self.prefix = prefix
+        self.options = options
+        self.watchdog_timeout = watchdog_timeout
+        self.client = client
+        if client is not None:
+            self.get_client: Callable[[], Any] = self._fixed
+        else:
+            from .connection import client_of
+
+            self.get_client = functools.partial(client_of, alias)
+
+    def _fixed(self) -> Any:
+        return self.client
 
 
 class LockSpec:
@@ -100,6 +168,8 @@ class LockSpec:
         self.status = status
         self.dedupe = dedupe
         self.until_commit = bool(until_commit)
+        self._fixed_place: _Place | None = None
+        self._settings_place: _Place | None = None
 
     # -- names ------------------------------------------------------------------------------
     def check_signature(self, func: Callable[..., Any], sig: inspect.Signature) -> None:
@@ -115,6 +185,7 @@ class LockSpec:
 
     def name_for(self, func: Callable[..., Any], sig: inspect.Signature,
                  args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        """The lock name of one call, the general way (``Signature.bind``)."""
         if not isinstance(self.template, str):
             name = self.template(*args, **kwargs)
             if not isinstance(name, str) or not name:
@@ -125,27 +196,81 @@ class LockSpec:
             values = bound_arguments(sig, args, kwargs)
             return self.template.format_map(values)
         except (KeyError, AttributeError, IndexError, TypeError) as exc:
-            raise ValueError(f"cannot build the lock name {self.template!r} for "
-                             f"{func.__qualname__}(): {type(exc).__name__}: {exc}") from exc
+            raise self.name_error(func, exc) from exc
+
+    def name_error(self, func: Callable[..., Any], exc: Exception) -> ValueError:
+        return ValueError(f"cannot build the lock name {self.template!r} for "
+                          f"{func.__qualname__}(): {type(exc).__name__}: {exc}")
+
+    def name_builder(self, func: Callable[..., Any],
+                     sig: inspect.Signature) -> Callable[[tuple[Any, ...], dict[str, Any]], str]:
+        """``name_for`` for ``func``, planned once when decorating: ``build(args, kwargs)``.
+
+        When each field's root is a parameter that may be given by keyword (or comes through
+        ``**kwargs``), its value is picked straight from the call: from ``kwargs``, else at its
+        position in ``args``, else its default. Any other call (an argument missing, say) and
+        any other template takes ``name_for``'s way, so names and errors are the same either way.
+        """
+        if not isinstance(self.template, str):
+            return functools.partial(self.name_for, func, sig)
+        picks = template_picks(self.fields, sig)
+        if picks is None:
+            return functools.partial(self.name_for, func, sig)
+        fmt = self.template.format_map
+        slow = self.name_for
+        missing = _MISSING
+
+        def build(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+            values = {}
+            for field, index, default in picks:
+                value = kwargs.get(field, missing) if kwargs else missing
+                if value is missing:
+                    if index is not None and index < len(args):
+                        value = args[index]
+                    elif default is not missing:
+                        value = default
+                    else:
+                        return slow(func, sig, args, kwargs)  # raises the same error
+                values[field] = value
+            try:
+                return fmt(values)
+            except (KeyError, AttributeError, IndexError, TypeError) as exc:
+                raise self.name_error(func, exc) from exc
+
+        return build
 
     # -- locks ------------------------------------------------------------------------------
-    def _where(self) -> tuple[Any, str, float]:
+    def _place(self) -> _Place:
+        """Where this spec's locks go: resolved from the settings once, again after
+        ``setting_changed`` for RLOCK or CACHES (``get_config`` then returns a new dict)."""
         if self.client is not None:
-            return self.client, self.prefix or "", 30.0
-        from .conf import get_config
-        from .connection import get_client, get_prefix
+            place = self._fixed_place
+            if place is None:
+                place = self._fixed_place = _Place(None, None, self.prefix or "", {}, 30.0,
+                                                   self.client)
+            return place
+        config = (_get_config or _settings_reader())()
+        place = self._settings_place
+        if place is not None and place.config is config:
+            return place
+        from .conf import lock_options
+        from .connection import cache_alias, get_prefix
 
         cache = self.cache[0] if isinstance(self.cache, (list, tuple)) else self.cache
-        prefix = self.prefix if self.prefix is not None else get_prefix(cache)
-        return get_client(cache), prefix, float(get_config()["WATCHDOG_TIMEOUT"])
+        alias = cache_alias(cache)
+        prefix = self.prefix if self.prefix is not None else get_prefix(alias)
+        place = _Place(config, alias, prefix, lock_options(),
+                       float(config["WATCHDOG_TIMEOUT"]), None)
+        self._settings_place = place
+        return place
+
+    def _where(self) -> tuple[Any, str, float]:
+        place = self._place()
+        return place.get_client(), place.prefix, place.watchdog_timeout
 
     def _options(self) -> dict[str, Any]:
         """Watchdog and replica-sync options: the RLOCK settings, or the defaults without Django."""
-        if self.client is not None:
-            return {}
-        from .conf import lock_options
-
-        return lock_options()
+        return dict(self._place().options)
 
     def sync_lock(self, name: str) -> Any:
         """A lock of ``kind`` (default an ``RLock``), or a ``MultiLock``/``RedLock`` over a
@@ -155,29 +280,37 @@ class LockSpec:
 
             return multi_lock([RLock(get_client(a), name, get_prefix(a), label=self.label,
                                      **self._options()) for a in self.cache], self.quorum)
-        client, prefix, _ = self._where()
-        lock = lock_of_kind(self.kind, client, name, prefix, label=self.label, **self._options())
+        place = self._place()
+        if self.kind is None:
+            return RLock(place.get_client(), name, place.prefix, label=self.label,
+                         **place.options)
+        lock = lock_of_kind(self.kind, place.get_client(), name, place.prefix, label=self.label,
+                            **place.options)
         return FencedCall(lock) if self.kind == "fenced" else lock
 
     def async_lock(self, name: str) -> Any:
         """The asyncio twin of ``sync_lock``'s lock (``AsyncRLock``, ``AsyncFairLock``, ...),
         or an ``AsyncMultiLock``/``AsyncRedLock`` over a list of caches."""
-        from .engine.clients import async_twin
-
-        options = self._options()
         if isinstance(self.cache, (list, tuple)):
             from .connection import get_client, get_prefix
             from .engine import AsyncMultiLock, AsyncRedLock
 
+            options = self._options()
             members = [AsyncRLock(async_twin(get_client(a)), name, get_prefix(a),
                                   sync_client=get_client(a), label=self.label, **options)
                        for a in self.cache]
             return AsyncRedLock(*members) if self.quorum else AsyncMultiLock(*members)
-        client, prefix, _ = self._where()
-        if not is_async_client(client):
-            options["sync_client"] = client
+        place = self._place()
+        client = place.get_client()
+        if is_async_client(client):
+            options = place.options
+        else:
+            options = {**place.options, "sync_client": client}
             client = async_twin(client)
-        lock = async_lock_of_kind(self.kind, client, name, prefix, label=self.label, **options)
+        if self.kind is None:
+            return AsyncRLock(client, name, place.prefix, label=self.label, **options)
+        lock = async_lock_of_kind(self.kind, client, name, place.prefix, label=self.label,
+                                  **options)
         return AsyncFencedCall(lock) if self.kind == "fenced" else lock
 
     def check_function(self, func: Callable[..., Any], sig: inspect.Signature) -> None:
@@ -209,6 +342,10 @@ class LockSpec:
 
 
 def is_async_client(client: Any) -> bool:
+    if isinstance(client, redis.Redis):  # the common case, without inspecting a method
+        return False
+    if isinstance(client, redis.asyncio.Redis):
+        return True
     return hasattr(client, "connection_pool") and inspect.iscoroutinefunction(
         getattr(client, "execute_command", None))
 
@@ -376,12 +513,18 @@ def _task_of(args: tuple[Any, ...], wrapper: Callable[..., Any]) -> Any:
     return None
 
 
-def _is_request(obj: Any) -> bool:
+@functools.cache
+def _request_class() -> type | None:
     try:
         from django.http import HttpRequest
     except ImportError:  # pragma: no cover - Django is optional for plain functions
-        return False
-    return isinstance(obj, HttpRequest)
+        return None
+    return HttpRequest
+
+
+def _is_request(obj: Any) -> bool:
+    cls = _request_class()
+    return cls is not None and isinstance(obj, cls)
 
 
 def turned_away(spec: LockSpec, lock: Any, ttl: float | None) -> LockBusy:
@@ -484,6 +627,21 @@ def hold_for_call(spec: LockSpec, lock: RLock, func: Callable[..., Any]) -> Call
         raise
 
 
+def _hold_past_call(spec: LockSpec, lock: RLock, func: Callable[..., Any]) -> CallRelease | None:
+    """``hold_for_call`` where that matters: None when the lock is to be released as the call
+    ends (``until_commit=False``, or no transaction open on this thread, the common case),
+    without making a ``TransactionRelease`` for nothing."""
+    if not spec.until_commit:
+        return None
+    try:
+        if not in_transaction():
+            return None
+    except BaseException:
+        release_after_call(lock, func)
+        raise
+    return hold_for_call(spec, lock, func)
+
+
 def locked(template: str | Callable[..., str], *, wait: float = 0, lease: float | None = None,
            on_busy: str | Callable[..., Any] | None = None, cache: str | Sequence[str] | None = None,
            client: Any = None, prefix: str | None = None, status: int | None = None,
@@ -533,16 +691,20 @@ def decorator(spec: LockSpec) -> Callable[[F], F]:
         spec.check_signature(func, sig)
         spec.check_function(func, sig)
 
+        # Everything a call needs that depends on the function only is decided here, once.
+        name_of = spec.name_builder(func, sig)
+        fenced = spec.kind == "fenced"
+
         if inspect.iscoroutinefunction(func):
             @functools.wraps(func)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                lock = spec.async_lock(spec.name_for(func, sig, args, kwargs))
+                lock = spec.async_lock(name_of(args, kwargs))
                 if not await lock.try_lock(spec.wait, spec.lease):
                     ttl = await lock.remaining_ttl()
                     return _on_busy(spec, async_wrapper, turned_away(spec, lock, ttl), args, kwargs,
                                     lambda: holders_of(lock, getattr(lock, "_sync_client", None)))
                 try:
-                    return await func(*args, **call_args(lock, func, kwargs))
+                    return await func(*args, **(call_args(lock, func, kwargs) if fenced else kwargs))
                 finally:
                     try:
                         await lock.unlock()
@@ -553,8 +715,9 @@ def decorator(spec: LockSpec) -> Callable[[F], F]:
         else:
             @functools.wraps(func)
             def sync_wrapper(*args: Any, **kwargs: Any) -> Any:
-                name = spec.name_for(func, sig, args, kwargs)
-                task = _task_of(args, sync_wrapper)
+                name = name_of(args, kwargs)
+                # A view's call (a request first) is never a task's: no task lookup for it.
+                task = None if args and _is_request(args[0]) else _task_of(args, sync_wrapper)
                 if task is not None and _task_hooks is not None:
 
                     def busy_in_task(busy: LockBusy) -> Any:
@@ -567,11 +730,14 @@ def decorator(spec: LockSpec) -> Callable[[F], F]:
                 if not lock.try_lock(spec.wait, spec.lease):
                     busy = turned_away(spec, lock, lock.remaining_ttl())
                     return _on_busy(spec, sync_wrapper, busy, args, kwargs, lambda: holders_of(lock))
-                hold = hold_for_call(spec, lock, func)
+                hold = _hold_past_call(spec, lock, func)
                 try:
-                    return func(*args, **call_args(lock, func, kwargs))
+                    return func(*args, **(call_args(lock, func, kwargs) if fenced else kwargs))
                 finally:
-                    hold.done()
+                    if hold is None:
+                        release_after_call(lock, func)
+                    else:
+                        hold.done()
 
             wrapper = sync_wrapper
         # Celery checks call arguments against this (it does not follow __wrapped__).
