@@ -2,6 +2,9 @@
 
     python bench/decorator.py [--rounds 7] [--seconds 1.0] [--baseline REF] [--markdown FILE]
 
+``--markdown docs/benchmarks.md`` adds the tables as a section at the end of that page's Notes
+(kept by ``bench/run.py`` when it regenerates the rest).
+
 A Django project set up in this process as the tests' is (django-redis cache, an in-memory
 SQLite database whose connection is open, ``django_rlock`` and so its Celery glue installed),
 on a private redis-server reached on a unix socket and on loopback TCP. Each call is one
@@ -12,7 +15,8 @@ uncontended lock, the view, one release, with a ``RequestFactory`` request:
 - ``bare view``: the view alone;
 - ``with get_lock``: ``with get_lock(f"bench:{pk}"): view(request, pk=pk)``;
 - ``@locked``: the view decorated with ``@locked("bench:{pk}")``, called as the URL resolver
-  calls it (``view(request, pk=pk)``);
+  calls it (``view(request, pk=pk)``); ``until_commit=False``: the same without the check for
+  an open database transaction (what that guarantee costs);
 - ``(baseline)`` rows, with ``--baseline REF``: the same calls through ``django_rlock``'s
   ``decorators.py``, ``connection.py`` and ``transaction.py`` as they are at git revision REF
   (loaded beside the current ones; engine and settings are shared), for before/after in one
@@ -126,6 +130,7 @@ def sync_variants(transport: str, baseline: dict[str, Any] | None) -> dict[str, 
         return n
 
     decorated = locked("bench:{pk}", cache=cache)(view)
+    no_commit_wait = locked("bench:{pk}", cache=cache, until_commit=False)(view)
     decorated_job = locked("job:{n}", cache=cache)(job)
 
     def floor() -> None:
@@ -153,7 +158,8 @@ def sync_variants(transport: str, baseline: dict[str, Any] | None) -> dict[str, 
 
     out: dict[str, Callable[[], object]] = {
         "floor (2 EVALSHA)": floor, "bare view": bare, "view: with get_lock": with_get_lock,
-        "view: @locked": at_locked}
+        "view: @locked": at_locked,
+        "view: @locked(until_commit=False)": lambda: no_commit_wait(request, pk=1)}
     if baseline is not None:
         old_get_lock = baseline["connection"].get_lock
         old = baseline["decorators"].locked("bench:{pk}", cache=cache)(view)
@@ -311,6 +317,20 @@ def render(tables: list[tuple[str, list[tuple[str, float, float, float | None, i
     return "\n\n".join(parts)
 
 
+def write_section(path: Path, section: str) -> None:
+    """Put ``section`` at the end of the page's hand-written Notes (which ``bench/run.py``
+    keeps when it regenerates the page), or at the end of the file if it has none."""
+    from bench.report import NOTES_END
+
+    text = path.read_text() if path.exists() else ""
+    if NOTES_END in text:
+        at = text.rindex(NOTES_END)
+        text = text[:at].rstrip("\n") + "\n" + section.rstrip("\n") + "\n" + text[at:]
+    else:
+        text += section
+    path.write_text(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=7)
@@ -319,7 +339,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-async", action="store_true", help="skip the async view")
     ap.add_argument("--baseline", metavar="REF",
                     help="also time @locked from django_rlock/decorators.py at this git revision")
-    ap.add_argument("--markdown", metavar="FILE", help="append the tables to FILE (a section)")
+    ap.add_argument("--markdown", metavar="FILE",
+                    help="add the tables as a section at the end of FILE's Notes")
     args = ap.parse_args(argv)
     command = shlex.join(["python", "bench/decorator.py", *(argv if argv is not None else sys.argv[1:])])
     transports = ["unix", "tcp"] if args.transport == "both" else [args.transport]
@@ -350,9 +371,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.markdown:
         section = ["", "### `@locked` per call (bench/decorator.py, issue #22)", "",
                    "```", command, "```", "", head, "", render(tables, markdown=True), ""]
-        with open(args.markdown, "a") as f:
-            f.write("\n".join(section))
-        print(f"\nappended to {args.markdown}", file=sys.stderr)
+        write_section(Path(args.markdown), "\n".join(section))
+        print(f"\nwrote a section into {args.markdown}", file=sys.stderr)
     return 0
 
 
