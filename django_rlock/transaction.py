@@ -107,7 +107,9 @@ def in_transaction() -> bool:
     connections = _db_connections()
     if connections is None:
         return False
-    opened = connections._connections  # asgiref Local, per thread, as connections.all() reads
+    opened = getattr(connections, "_connections", None)  # asgiref Local, as all() reads it
+    if opened is None:  # pragma: no cover - another Django: its public, slower way
+        return any(c.in_atomic_block for c in connections.all(initialized_only=True))
     for alias in connections.settings:
         connection = getattr(opened, alias, None)
         if connection is not None and connection.in_atomic_block:
