@@ -9,6 +9,7 @@ point at the old server.
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
@@ -50,12 +51,15 @@ def cache_alias(cache: str | None = None) -> str:
     return alias
 
 
-def _django_redis_cache() -> type | None:
+@functools.cache
+def _django_redis_classes() -> tuple[type, type] | None:
+    """django-redis's cache backend and ShardClient, or None without django-redis."""
     try:
         from django_redis.cache import RedisCache
+        from django_redis.client import ShardClient
     except ImportError:
         return None
-    return RedisCache
+    return RedisCache, ShardClient
 
 
 def _backend_path(backend: Any) -> str:
@@ -70,20 +74,25 @@ def get_client(cache: str | None = None) -> redis.Redis:
     runs on Sentinel. Django's RedisCache: a client on its write (first) server's pool.
     A lock must always be taken on the primary, so a replica is never returned.
     """
-    alias = cache_alias(cache)
+    return client_of(cache_alias(cache))
+
+
+def client_of(alias: str) -> redis.Redis:
+    """``get_client`` of an alias ``cache_alias`` has returned (``@locked`` resolves that
+    once per settings, this on every call: Django's cache handlers are per thread)."""
     if alias == URL_ALIAS:
         return _url_client(get_config()["REDIS_URL"])  # type: ignore[arg-type]
     backend = caches[alias]
-    dj_redis = _django_redis_cache()
-    if dj_redis is not None and isinstance(backend, dj_redis):
-        from django_redis import get_redis_connection
-        from django_redis.client import ShardClient
-
-        if isinstance(backend.client, ShardClient):
+    dj_redis = _django_redis_classes()
+    if dj_redis is not None and isinstance(backend, dj_redis[0]):
+        # What django_redis.get_redis_connection(alias, write=True) returns, without its
+        # second lookup of the per-thread cache handler.
+        client = backend.client
+        if isinstance(client, dj_redis[1]):
             raise ImproperlyConfigured(
                 f"django-rlock: cache {alias!r} uses django-redis's ShardClient; a lock needs one "
                 f"Redis server, so use DefaultClient or SentinelClient for RLOCK['CACHE']")
-        return get_redis_connection(alias, write=True)
+        return client.get_client(write=True)  # type: ignore[no-any-return]
     if isinstance(backend, BuiltinRedisCache):
         return backend._cache.get_client(None, write=True)
     raise ImproperlyConfigured(

@@ -15,262 +15,26 @@ import functools
 import inspect
 import logging
 import math
-import string
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol, TypeVar
 
-from .engine import AsyncRLock, LockBusy, RLock, events
+from .engine import LockBusy, RLock, events
 from .engine.listing import describe_holders
-from .engine.lock import check_seconds
-from .lockkinds import async_lock_of_kind, check_kind, lock_of_kind
-from .transaction import TransactionRelease
+from .lockspec import (  # the spec's names, where they always were
+    FENCE_TOKEN,
+    ON_BUSY,
+    AsyncFencedCall,
+    FencedCall,
+    LockSpec,
+    bound_arguments,
+    call_args,
+    is_async_client,
+    template_picks,
+)
+from .transaction import TransactionRelease, in_transaction
 
 logger = logging.getLogger("django_rlock")
-
 F = TypeVar("F", bound=Callable[..., Any])
-
-ON_BUSY = ("raise", "skip", "wait", "retry")
-
-
-def _template_fields(template: str) -> list[str]:
-    """The root names a template uses: ``"r:{request.user.pk}"`` -> ``["request"]``."""
-    roots = []
-    for _, field, _, _ in string.Formatter().parse(template):
-        if field is None:
-            continue
-        root = field.split(".", 1)[0].split("[", 1)[0]
-        if not root or root.isdigit():
-            raise ValueError(f"lock template {template!r} uses a positional field {{{field}}}; "
-                             f"name the argument instead, e.g. {{pk}}")
-        roots.append(root)
-    return roots
-
-
-class LockSpec:
-    """A parsed ``@locked(...)``: built once per decorator, shared by every call."""
-
-    #: The decorator's name, for error messages.
-    decorator = "@locked"
-    #: A redelivered task message that finds the lock busy is a copy of the run holding it
-    #: (broker visibility timeout shorter than the task): dropped. Not so for a semaphore.
-    drop_redelivered = True
-
-    def __init__(self, template: str | Callable[..., str], wait: float, lease: float | None,
-                 on_busy: str | Callable[..., Any] | None, cache: str | Sequence[str] | None, client: Any,
-                 prefix: str | None, status: int | None, dedupe: bool,
-                 until_commit: bool = True, quorum: bool = False, kind: str | None = None) -> None:
-        if isinstance(template, str):
-            if not template:
-                raise ValueError("lock template must not be empty")
-            self.fields = _template_fields(template)
-        elif callable(template):
-            self.fields = []
-        else:
-            raise TypeError(f"lock template must be a str or a callable, not {type(template).__name__}")
-        label = template if isinstance(template, str) else getattr(template, "__name__", "callable")
-        self.kind = check_kind(kind, str(label))
-        self.wait = check_seconds(wait, "wait", str(label), zero_ok=True)
-        self.lease = None if lease is None else check_seconds(lease, "lease", str(label), zero_ok=False)
-        if not (on_busy is None or callable(on_busy) or on_busy in ON_BUSY):
-            raise ValueError(f"on_busy must be one of {', '.join(map(repr, ON_BUSY))}, a callable "
-                             f"or None, not {on_busy!r} (lock {label!r})")
-        if on_busy == "wait" and not self.wait:
-            raise ValueError(f"on_busy='wait' needs wait > 0 seconds (lock {label!r})")
-        if status is not None and not (isinstance(status, int) and 100 <= status <= 599):
-            raise ValueError(f"status must be an HTTP status code, not {status!r} (lock {label!r})")
-        if prefix is not None and not isinstance(prefix, str):
-            raise TypeError(f"prefix must be a str (lock {label!r})")
-        self.template = template
-        self.label = str(label)
-        self.on_busy = on_busy
-        if isinstance(cache, (list, tuple)):
-            if not cache or not all(isinstance(a, str) for a in cache) or len(set(cache)) != len(cache):
-                raise ValueError(f"cache must be an alias or a non-empty list of distinct aliases, "
-                                 f"not {cache!r} (lock {label!r})")
-            if client is not None:
-                raise ValueError(f"give client= or a list of caches, not both (lock {label!r})")
-            if kind is not None:
-                raise ValueError(f"kind={kind!r} cannot span several caches: a MultiLock/RedLock "
-                                 f"is made of plain RLocks (lock {label!r})")
-        elif quorum:
-            raise ValueError(f"quorum=True needs cache=[...] with several aliases (lock {label!r})")
-        self.cache = cache
-        self.quorum = quorum
-        self.client = client
-        self.prefix = prefix
-        self.status = status
-        self.dedupe = dedupe
-        self.until_commit = bool(until_commit)
-
-    # -- names ------------------------------------------------------------------------------
-    def check_signature(self, func: Callable[..., Any], sig: inspect.Signature) -> None:
-        params = sig.parameters
-        if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-            return  # **kwargs may carry any name (class-based views' dispatch)
-        missing = [f for f in self.fields if f not in params]
-        if missing:
-            raise ValueError(
-                f"lock template {self.template!r} of {func.__qualname__}() uses "
-                f"{', '.join(map(repr, missing))}, which is not a parameter of "
-                f"{func.__qualname__}{sig}")
-
-    def name_for(self, func: Callable[..., Any], sig: inspect.Signature,
-                 args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-        if not isinstance(self.template, str):
-            name = self.template(*args, **kwargs)
-            if not isinstance(name, str) or not name:
-                raise ValueError(f"the lock name callable of {func.__qualname__}() must return a "
-                                 f"non-empty str, not {name!r}")
-            return name
-        try:
-            values = bound_arguments(sig, args, kwargs)
-            return self.template.format_map(values)
-        except (KeyError, AttributeError, IndexError, TypeError) as exc:
-            raise ValueError(f"cannot build the lock name {self.template!r} for "
-                             f"{func.__qualname__}(): {type(exc).__name__}: {exc}") from exc
-
-    # -- locks ------------------------------------------------------------------------------
-    def _where(self) -> tuple[Any, str, float]:
-        if self.client is not None:
-            return self.client, self.prefix or "", 30.0
-        from .conf import get_config
-        from .connection import get_client, get_prefix
-
-        cache = self.cache[0] if isinstance(self.cache, (list, tuple)) else self.cache
-        prefix = self.prefix if self.prefix is not None else get_prefix(cache)
-        return get_client(cache), prefix, float(get_config()["WATCHDOG_TIMEOUT"])
-
-    def _options(self) -> dict[str, Any]:
-        """Watchdog and replica-sync options: the RLOCK settings, or the defaults without Django."""
-        if self.client is not None:
-            return {}
-        from .conf import lock_options
-
-        return lock_options()
-
-    def sync_lock(self, name: str) -> Any:
-        """A lock of ``kind`` (default an ``RLock``), or a ``MultiLock``/``RedLock`` over a
-        list of caches. A fenced lock comes wrapped so the call can get its token."""
-        if isinstance(self.cache, (list, tuple)):
-            from .connection import get_client, get_prefix, multi_lock
-
-            return multi_lock([RLock(get_client(a), name, get_prefix(a), label=self.label,
-                                     **self._options()) for a in self.cache], self.quorum)
-        client, prefix, _ = self._where()
-        lock = lock_of_kind(self.kind, client, name, prefix, label=self.label, **self._options())
-        return FencedCall(lock) if self.kind == "fenced" else lock
-
-    def async_lock(self, name: str) -> Any:
-        """The asyncio twin of ``sync_lock``'s lock (``AsyncRLock``, ``AsyncFairLock``, ...),
-        or an ``AsyncMultiLock``/``AsyncRedLock`` over a list of caches."""
-        from .engine.clients import async_twin
-
-        options = self._options()
-        if isinstance(self.cache, (list, tuple)):
-            from .connection import get_client, get_prefix
-            from .engine import AsyncMultiLock, AsyncRedLock
-
-            members = [AsyncRLock(async_twin(get_client(a)), name, get_prefix(a),
-                                  sync_client=get_client(a), label=self.label, **options)
-                       for a in self.cache]
-            return AsyncRedLock(*members) if self.quorum else AsyncMultiLock(*members)
-        client, prefix, _ = self._where()
-        if not is_async_client(client):
-            options["sync_client"] = client
-            client = async_twin(client)
-        lock = async_lock_of_kind(self.kind, client, name, prefix, label=self.label, **options)
-        return AsyncFencedCall(lock) if self.kind == "fenced" else lock
-
-    def check_function(self, func: Callable[..., Any], sig: inspect.Signature) -> None:
-        """What a decorated function must look like beyond the template's fields."""
-        param = sig.parameters.get(FENCE_TOKEN)
-        if self.kind == "fenced" and param is not None and (
-                param.default is param.empty or param.kind is param.POSITIONAL_ONLY):
-            raise ValueError(
-                f"{func.__qualname__}() takes {FENCE_TOKEN!r} from {self.decorator}(kind="
-                f"'fenced'): give it a default ({FENCE_TOKEN}: int | None = None) so callers "
-                f"can leave it out")
-
-    def busy_text(self, name: str, ttl: float | None) -> str:
-        """The message of the ``LockBusy`` of a call turned away."""
-        return (f"lock {name!r} is busy (held by someone else"
-                f"{'' if ttl is None else f', {ttl:.3f} s left'}); gave up after "
-                f"{self.wait:g} s")
-
-    def busy_body(self, busy: LockBusy) -> str:
-        """The body of a busy view's response."""
-        return f"Locked: {busy.name} is busy, try again later.\n"
-
-    def busy_status(self) -> int:
-        if self.status is not None:
-            return self.status
-        from .conf import get_config
-
-        return int(get_config()["BUSY_STATUS"])
-
-
-def is_async_client(client: Any) -> bool:
-    return hasattr(client, "connection_pool") and inspect.iscoroutinefunction(
-        getattr(client, "execute_command", None))
-
-
-# -- fenced locks ---------------------------------------------------------------------------------
-#: The keyword a ``@locked(kind="fenced")`` function receives its fencing token in, if it
-#: has a parameter of that name.
-FENCE_TOKEN = "fence_token"
-
-
-class FencedCall:
-    """A ``FencedLock`` taken for one decorated call: ``try_lock`` keeps this acquire's token
-    (``fence_token``); everything else is the lock's."""
-
-    def __init__(self, lock: Any) -> None:
-        self._lock = lock
-        self.fence_token: int | None = None
-
-    def __getattr__(self, attr: str) -> Any:
-        return getattr(self._lock, attr)
-
-    def try_lock(self, wait_time: float = 0.0, lease_time: float | None = None) -> bool:
-        self.fence_token = self._lock.try_lock_and_get_token(wait_time, lease_time)
-        return self.fence_token is not None
-
-
-class AsyncFencedCall(FencedCall):
-    """``FencedCall`` for an ``AsyncFencedLock``."""
-
-    async def try_lock(self, wait_time: float = 0.0,  # type: ignore[override]
-                       lease_time: float | None = None) -> bool:
-        self.fence_token = await self._lock.try_lock_and_get_token(wait_time, lease_time)
-        return self.fence_token is not None
-
-
-def call_args(lock: Any, func: Callable[..., Any], kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The keyword arguments of the call made while holding ``lock``: plus ``fence_token``
-    when the lock is fenced and ``func`` takes it (the decorator supplies it, overriding any
-    value the caller passed)."""
-    token = getattr(lock, "fence_token", None)
-    if token is None:
-        return kwargs
-    try:
-        takes = FENCE_TOKEN in inspect.signature(
-            func, follow_wrapped=not isinstance(func, functools.partial)).parameters
-    except (TypeError, ValueError):  # pragma: no cover - builtins without a signature
-        takes = False
-    return {**kwargs, FENCE_TOKEN: token} if takes else kwargs
-
-
-def bound_arguments(sig: inspect.Signature, args: tuple[Any, ...],
-                    kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The call's arguments by name, defaults applied, ``**kwargs`` flattened in."""
-    bound = sig.bind(*args, **kwargs)
-    bound.apply_defaults()
-    values = dict(bound.arguments)
-    for p in sig.parameters.values():
-        if p.kind is p.VAR_KEYWORD:
-            values.update(values.pop(p.name, {}))
-    return values
-
 
 # -- tasks ----------------------------------------------------------------------------------------
 class TaskHooks(NamedTuple):
@@ -309,12 +73,18 @@ def _task_of(args: tuple[Any, ...], wrapper: Callable[..., Any]) -> Any:
     return None
 
 
-def _is_request(obj: Any) -> bool:
+@functools.cache
+def _request_class() -> type | None:
     try:
         from django.http import HttpRequest
     except ImportError:  # pragma: no cover - Django is optional for plain functions
-        return False
-    return isinstance(obj, HttpRequest)
+        return None
+    return HttpRequest
+
+
+def _is_request(obj: Any) -> bool:
+    cls = _request_class()
+    return cls is not None and isinstance(obj, cls)
 
 
 def turned_away(spec: LockSpec, lock: Any, ttl: float | None) -> LockBusy:
@@ -417,6 +187,21 @@ def hold_for_call(spec: LockSpec, lock: RLock, func: Callable[..., Any]) -> Call
         raise
 
 
+def _hold_past_call(spec: LockSpec, lock: RLock, func: Callable[..., Any]) -> CallRelease | None:
+    """``hold_for_call`` where that matters: None when the lock is to be released as the call
+    ends (``until_commit=False``, or no transaction open on this thread, the common case),
+    without making a ``TransactionRelease`` for nothing."""
+    if not spec.until_commit:
+        return None
+    try:
+        if not in_transaction():
+            return None
+    except BaseException:
+        release_after_call(lock, func)
+        raise
+    return hold_for_call(spec, lock, func)
+
+
 def locked(template: str | Callable[..., str], *, wait: float = 0, lease: float | None = None,
            on_busy: str | Callable[..., Any] | None = None, cache: str | Sequence[str] | None = None,
            client: Any = None, prefix: str | None = None, status: int | None = None,
@@ -466,16 +251,20 @@ def decorator(spec: LockSpec) -> Callable[[F], F]:
         spec.check_signature(func, sig)
         spec.check_function(func, sig)
 
+        # Everything a call needs that depends on the function only is decided here, once.
+        name_of = spec.name_builder(func, sig)
+        fenced = spec.kind == "fenced"
+
         if inspect.iscoroutinefunction(func):
             @functools.wraps(func)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                lock = spec.async_lock(spec.name_for(func, sig, args, kwargs))
+                lock = spec.async_lock(name_of(args, kwargs))
                 if not await lock.try_lock(spec.wait, spec.lease):
                     ttl = await lock.remaining_ttl()
                     return _on_busy(spec, async_wrapper, turned_away(spec, lock, ttl), args, kwargs,
                                     lambda: holders_of(lock, getattr(lock, "_sync_client", None)))
                 try:
-                    return await func(*args, **call_args(lock, func, kwargs))
+                    return await func(*args, **(call_args(lock, func, kwargs) if fenced else kwargs))
                 finally:
                     try:
                         await lock.unlock()
@@ -486,8 +275,9 @@ def decorator(spec: LockSpec) -> Callable[[F], F]:
         else:
             @functools.wraps(func)
             def sync_wrapper(*args: Any, **kwargs: Any) -> Any:
-                name = spec.name_for(func, sig, args, kwargs)
-                task = _task_of(args, sync_wrapper)
+                name = name_of(args, kwargs)
+                # A view's call (a request first) is never a task's: no task lookup for it.
+                task = None if args and _is_request(args[0]) else _task_of(args, sync_wrapper)
                 if task is not None and _task_hooks is not None:
 
                     def busy_in_task(busy: LockBusy) -> Any:
@@ -500,11 +290,14 @@ def decorator(spec: LockSpec) -> Callable[[F], F]:
                 if not lock.try_lock(spec.wait, spec.lease):
                     busy = turned_away(spec, lock, lock.remaining_ttl())
                     return _on_busy(spec, sync_wrapper, busy, args, kwargs, lambda: holders_of(lock))
-                hold = hold_for_call(spec, lock, func)
+                hold = _hold_past_call(spec, lock, func)
                 try:
-                    return func(*args, **call_args(lock, func, kwargs))
+                    return func(*args, **(call_args(lock, func, kwargs) if fenced else kwargs))
                 finally:
-                    hold.done()
+                    if hold is None:
+                        release_after_call(lock, func)
+                    else:
+                        hold.done()
 
             wrapper = sync_wrapper
         # Celery checks call arguments against this (it does not follow __wrapped__).
@@ -513,3 +306,9 @@ def decorator(spec: LockSpec) -> Callable[[F], F]:
         return wrapper  # type: ignore[no-any-return]
 
     return decorate
+
+
+__all__ = ["FENCE_TOKEN", "ON_BUSY", "AsyncFencedCall", "CallRelease", "FencedCall", "LockSpec",
+           "TaskHooks", "bound_arguments", "busy_response", "call_args", "decorator",
+           "hold_for_call", "holders_of", "is_async_client", "locked", "register_task_hooks",
+           "release_after_call", "template_picks", "turned_away"]

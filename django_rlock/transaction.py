@@ -33,7 +33,8 @@ from typing import Any
 
 logger = logging.getLogger("django_rlock")
 
-__all__ = ["TransactionRelease", "hold_until_commit", "open_transactions", "release_ended"]
+__all__ = ["TransactionRelease", "hold_until_commit", "in_transaction", "open_transactions",
+           "release_ended"]
 
 _local = threading.local()
 _signals_connected = False
@@ -66,17 +67,54 @@ def _pending() -> list[TransactionRelease]:
         return pending
 
 
+#: Django's database connection handler, once ``django.db`` is loaded and settings configured
+#: (neither can be undone); None before.
+_connections: Any = None
+
+
+def _db_connections() -> Any:
+    global _connections
+    if _connections is None:
+        if "django.db" not in sys.modules:
+            return None
+        from django.conf import settings
+
+        if not settings.configured:
+            return None
+        from django.db import connections
+
+        _connections = connections
+    return _connections
+
+
 def _atomic_connections() -> list[Any]:
     """This thread's connections inside ``atomic()``; none if Django's ORM was never loaded."""
-    if "django.db" not in sys.modules:
+    connections = _db_connections()
+    if connections is None:
         return []
-    from django.conf import settings
-
-    if not settings.configured:
-        return []
-    from django.db import connections
-
     return [c for c in connections.all(initialized_only=True) if c.in_atomic_block]
+
+
+def in_transaction() -> bool:
+    """Is an atomic block open on this thread, on any database (after releasing what
+    ``release_ended`` finds)? False: a lock taken now can be released as its call ends.
+
+    This is ``@locked``'s check on every call, so it is ``_atomic_connections`` made cheap:
+    one look per database alias at this thread's connections, none opened.
+    """
+    if getattr(_local, "pending", None):
+        release_ended()
+    connections = _db_connections()
+    if connections is None:
+        return False
+    opened = getattr(connections, "_connections", None)  # asgiref Local, as all() reads it
+    if opened is None:  # pragma: no cover - another Django: its public, slower way
+        return any(c.in_atomic_block for c in connections.all(initialized_only=True))
+    for alias in connections.settings:
+        connection = getattr(opened, alias, None)
+        if connection is not None and connection.in_atomic_block:
+            return True
+    return False
 
 
 def open_transactions() -> list[str]:
@@ -193,9 +231,8 @@ def release_ended() -> int:
     The finalizer normally does this the moment a transaction ends; this catches a commit
     callback that Django skipped (an earlier one raised) or that was freed on another thread.
     """
-    try:
-        pending = _local.pending
-    except AttributeError:
+    pending = getattr(_local, "pending", None)
+    if not pending:
         return 0
     return sum(1 for p in list(pending) if p.settle())
 

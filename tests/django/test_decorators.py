@@ -11,6 +11,7 @@ import pytest
 from django.test import AsyncClient, Client
 
 from django_rlock import LockBusy, RLock, get_lock, locked
+from tests.conftest import script_calls
 from tests.django import views
 
 pytestmark = pytest.mark.urls("tests.django.views")
@@ -241,3 +242,160 @@ def test_callable_template_and_plain_client(redis_server):
     assert ship({"id": 8}) is True
     assert not client.exists("p:order:8")
     client.close()
+
+
+# -- the call planned at decoration time (#22) --------------------------------------------------
+class _Obj:
+    def __init__(self, **attrs: object) -> None:
+        self.__dict__.update(attrs)
+
+
+def _both_names(template: str, func, *args, **kwargs) -> tuple[str, str]:
+    """The name ``@locked`` builds for this call, and the one ``Signature.bind`` gives."""
+    from django_rlock.decorators import LockSpec
+
+    spec = LockSpec(template, 0, None, None, None, object(), None, None, False)
+    sig = inspect.signature(func)
+    spec.check_signature(func, sig)
+    return spec.name_builder(func, sig)(args, kwargs), spec.name_for(func, sig, args, kwargs)
+
+
+def test_names_picked_from_the_call_are_the_bound_arguments_names():
+    def view(request, pk, fmt="csv", *, page=1, **extra):
+        pass
+
+    def plain(a, b=2, /, c=3, *rest, d, **kw):
+        pass
+
+    request = _Obj(user=_Obj(pk=7))
+    cases = [
+        ("r:{pk}", view, (request, 5), {}),
+        ("r:{pk}", view, (request,), {"pk": 5}),
+        ("r:{pk}:{fmt}:{page}", view, (request, 5), {}),
+        ("r:{pk}:{fmt}:{page}", view, (request, 5, "pdf"), {"page": 3}),
+        ("r:{fmt}:{pk}", view, (), {"request": request, "pk": 1, "fmt": "x"}),
+        ("u:{request.user.pk}:{pk!r}:{pk:>4}", view, (request, "9"), {}),
+        ("e:{slug}", view, (request, 1), {"slug": "abc"}),  # through **extra
+        ("i:{extra[k]}", view, (request, 1), {"k": 1}),  # **kwargs itself: bound
+        ("p:{a}:{b}:{c}:{d}", plain, (1,), {"d": 4}),  # positional-only: bound
+        ("p:{c}:{d}:{rest}", plain, (1, 2, 3, 4, 5), {"d": 4}),  # *args: bound
+        ("p:{c}:{d}", plain, (1, 2), {"d": 4, "c": 8}),
+    ]
+    for template, func, args, kwargs in cases:
+        try:
+            fast, bound = _both_names(template, func, *args, **kwargs)
+        except ValueError as exc:  # "i:{extra[k]}": **extra is not a name the template may use
+            fast = bound = str(exc)
+        assert fast == bound, (template, args, kwargs)
+    assert _both_names("u:{request.user.pk}:{pk}", view, request, 3) == ("u:7:3", "u:7:3")
+
+
+def test_a_name_that_cannot_be_built_fails_the_same_either_way():
+    def view(request, pk):
+        pass
+
+    for template, args, kwargs in [("r:{pk}", (object(),), {}),  # pk missing
+                                   ("r:{pk.nope}", (object(), 1), {}),
+                                   ("r:{request[0]}", (object(), 1), {})]:
+        errors = []
+        for way in ("name_builder", "name_for"):
+            from django_rlock.decorators import LockSpec
+
+            spec = LockSpec(template, 0, None, None, None, object(), None, None, False)
+            sig = inspect.signature(view)
+            build = (spec.name_builder(view, sig) if way == "name_builder"
+                     else lambda a, k, spec=spec, sig=sig: spec.name_for(view, sig, a, k))
+            with pytest.raises(ValueError, match="cannot build the lock name") as err:
+                build(args, kwargs)
+            errors.append(str(err.value))
+        assert errors[0] == errors[1]
+
+
+def test_a_call_that_does_not_fit_the_signature_is_refused_before_any_command(db1, r):
+    """Bad input never takes a lock: a call that cannot bind (too many arguments, an unknown,
+    doubled or missing one) raises the decorator's ValueError naming the lock's template and
+    bind's reason, with no Redis command sent."""
+    @locked("fit:{n}")
+    def job(n: int, *, flag: bool = False) -> int:
+        return n
+
+    r.config_resetstat()
+    for args, kwargs in (((1, 2), {}), ((1,), {"nope": 1}), ((1,), {"n": 2}), ((), {}),
+                         ((), {"flag": True})):
+        with pytest.raises(ValueError, match="cannot build the lock name 'fit:{n}'"):
+            job(*args, **kwargs)
+    assert script_calls(r) == 0
+    assert not db1.keys("demo:rlock:fit*")
+    assert job(n=3) == 3 and job(4, flag=True) == 4
+
+
+def test_settings_changed_after_decorating_are_followed(settings, redis_server, db1):
+    @locked("moved:{n}")
+    def where(n: int) -> list:
+        return sorted(k.decode() for k in db1.keys("*moved*"))
+
+    assert where(1) == ["demo:rlock:moved:1"]
+    settings.RLOCK = {"PREFIX": "p2:"}
+    assert where(1) == ["p2:moved:1"]
+    settings.RLOCK = {"CACHE": "builtin"}  # another database of the server: not in db1
+    assert where(1) == []
+    with redis_server.client(db=2) as db2:
+        @locked("seen:{n}")
+        def there(n: int) -> list:
+            return [k.decode() for k in db2.keys("*seen*")]
+
+        assert there(2) == ["site2:rlock:seen:2"]
+    settings.RLOCK = {"BUSY_STATUS": 409}
+    assert where(1) == ["demo:rlock:moved:1"]
+
+
+def test_an_unknown_cache_alias_fails_at_the_call_until_it_exists(settings, redis_server):
+    from django.core.exceptions import ImproperlyConfigured
+
+    from tests.django.conftest import caches_for
+
+    @locked("a:{n}", cache="later")
+    def job(n: int) -> int:
+        return n
+
+    with pytest.raises(ImproperlyConfigured, match="later"):
+        job(1)
+    settings.CACHES = {**caches_for(redis_server), "later": caches_for(redis_server)["default"]}
+    assert job(1) == 1
+
+
+def test_a_view_call_is_never_looked_up_as_a_task(monkeypatch, db1):
+    """A request first means a view: Celery's current-task lookup is skipped for it."""
+    from django.test import RequestFactory
+
+    from django_rlock import decorators
+
+    calls: list = []
+    hooks = decorators._task_hooks
+    if hooks is not None:
+        monkeypatch.setattr(decorators, "_task_hooks", hooks._replace(
+            task_of=lambda args, wrapper: calls.append(args) or hooks.task_of(args, wrapper)))
+
+    @locked("v:{pk}")
+    def view(request, pk):
+        return pk
+
+    @locked("f:{n}")
+    def func(n):
+        return n
+
+    assert view(RequestFactory().get("/"), pk=1) == 1
+    assert calls == []
+    assert func(2) == 2
+    assert calls == ([(2,)] if hooks is not None else [])
+
+
+def test_async_client_detection():
+    import redis
+    import redis.asyncio
+
+    from django_rlock.decorators import is_async_client
+
+    assert not is_async_client(redis.Redis())
+    assert is_async_client(redis.asyncio.Redis())
+    assert not is_async_client(object())
