@@ -48,7 +48,13 @@ from .kinds import Kind, declare
 from .lock import HoldKey, RLock, check_seconds
 from .lockinfo import lease_text
 from .lua import Script, source
-from .naming import FAIR_QUEUE_PREFIX, FAIR_TIMEOUT_PREFIX, UNLOCK_MESSAGE, prefix_name
+from .naming import (
+    FAIR_QUEUE_PREFIX,
+    FAIR_TIMEOUT_PREFIX,
+    UNLOCK_MESSAGE,
+    fair_waiter_channel,
+    prefix_name,
+)
 from .scripts import RENEW_SCRIPT, acall_once, call_once
 from .watchdog import HoldKind
 
@@ -121,7 +127,7 @@ class _Fair:
         return (ms, field, identity.with_kind(info, "fair"), allowance, UNLOCK_MESSAGE)
 
     def _wait_channel(self, field: str) -> bytes:
-        return self._channel + b":" + field.encode()
+        return fair_waiter_channel(self.key, field).encode()  # one naming module (invariant 17)
 
     def _park_first_until(self, k: HoldKey, wait: float | None) -> float:
         # Fairness is the script's job: the first attempt queues the caller at once.
@@ -152,9 +158,6 @@ class FairLock(_Fair, RLock):
                  *, thread_wait_time: float = 300.0, **kwargs: Any) -> None:
         super().__init__(client, name, prefix, watchdog_timeout, **kwargs)
         self._fair_setup(thread_wait_time)
-
-    def _info(self, owner: str) -> str:
-        return identity.thread_info(owner)
 
     def _acquire(self, wait: float | None, lease_ms: int | None) -> bool:
         allowance = self._allowance_ms(wait)
@@ -187,9 +190,6 @@ class AsyncFairLock(_Fair, AsyncRLock):
                  *, thread_wait_time: float = 300.0, **kwargs: Any) -> None:
         super().__init__(client, name, prefix, watchdog_timeout, **kwargs)
         self._fair_setup(thread_wait_time)
-
-    def _info(self, owner: str) -> str:
-        return identity.task_info(owner)
 
     async def _acquire(self, wait: float | None, lease_ms: int | None) -> bool:
         allowance = self._allowance_ms(wait)

@@ -26,7 +26,6 @@ grant (Redisson reads that -1 as "acquired").
 from __future__ import annotations
 
 import logging
-import time
 from contextvars import ContextVar
 from typing import Any
 
@@ -49,19 +48,6 @@ FENCED_ACQUIRE_SCRIPT = Script(FENCED_ACQUIRE)
 #: context (and so the same box) into the task that sends the round trip, so one lock object
 #: shared by many threads or tasks never hands one caller another's token.
 _token_box: ContextVar[list[int] | None] = ContextVar("django_rlock_fenced_token", default=None)
-
-
-def _granted_without_script(name: str, deadline: float | None) -> float | None:
-    """The wait loop said "acquired" but no fenced acquire ran: an ``RLock`` of the same name
-    in this process released and handed the lock to this waiter as if it were one of its own
-    (``pubsub.reserve`` does not tell a kind's waiter from an RLock's). That hand-off wrote an
-    empty owner with a 0 ms lease, so Redis deleted the key: nothing is held. Try again with
-    what is left of the budget (the wait budget left, or None: no limit)."""
-    logger.debug("django-rlock: fenced lock %r was handed over by an RLock release; retrying",
-                 name)
-    return None if deadline is None else max(0.0, deadline - time.monotonic())
-
-
 
 
 class _Fenced:
@@ -138,20 +124,16 @@ class FencedLock(_Fenced, RLock):
         return self._take(wait, lease_ms) is not None
 
     def _take(self, wait: float | None, lease_ms: int | None) -> int | None:
-        """Every acquisition path (lock, try_lock, acquire, with): the token, or None."""
-        deadline = None if wait is None else time.monotonic() + wait
-        while True:
-            box: list[int] = []
-            reset = _token_box.set(box)
-            try:
-                got = super()._acquire(wait, lease_ms)
-            finally:
-                _token_box.reset(reset)
-            if not got:
-                return None
-            if box:
-                return box[-1]
-            wait = _granted_without_script(self.name, deadline)
+        """Every acquisition path (lock, try_lock, acquire, with): the token, or None. A
+        fenced lock is only ever acquired by its own script (no hand-off reaches a waiter
+        without a ``HandOff``), so an acquire always leaves its token in the box."""
+        box: list[int] = []
+        reset = _token_box.set(box)
+        try:
+            got = super()._acquire(wait, lease_ms)
+        finally:
+            _token_box.reset(reset)
+        return box[-1] if got else None
 
     def get_token(self) -> int | None:
         """The last token handed out for this lock, by anyone (None: never acquired).
@@ -191,19 +173,13 @@ class AsyncFencedLock(_Fenced, AsyncRLock):
         return await self._take(wait, lease_ms) is not None
 
     async def _take(self, wait: float | None, lease_ms: int | None) -> int | None:
-        deadline = None if wait is None else time.monotonic() + wait
-        while True:
-            box: list[int] = []
-            reset = _token_box.set(box)
-            try:
-                got = await super()._acquire(wait, lease_ms)
-            finally:
-                _token_box.reset(reset)
-            if not got:
-                return None
-            if box:
-                return box[-1]
-            wait = _granted_without_script(self.name, deadline)
+        box: list[int] = []
+        reset = _token_box.set(box)
+        try:
+            got = await super()._acquire(wait, lease_ms)
+        finally:
+            _token_box.reset(reset)
+        return box[-1] if got else None
 
     async def get_token(self) -> int | None:
         """The last token handed out for this lock, by anyone (None: never acquired)."""

@@ -27,7 +27,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 _process_id = str(uuid.uuid4())
-_pid = os.getpid()
 _fork_hooks: list[Callable[[], None]] = []
 #: One counter for threads and tasks: both name owners as ``<uuid>:<n>``, so they never clash.
 _serials = itertools.count(1)
@@ -162,9 +161,8 @@ def on_fork(hook: Callable[[], None]) -> None:
 
 
 def _after_fork_in_child() -> None:
-    global _process_id, _pid, _local, _process_json
+    global _process_id, _local, _process_json
     _process_id = str(uuid.uuid4())
-    _pid = os.getpid()
     _local = threading.local()  # the forking thread's cached owner named the parent's uuid
     _process_json = None        # new pid; the pool child's name is set after this hook runs
     for hook in _fork_hooks:
