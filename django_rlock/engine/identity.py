@@ -156,20 +156,20 @@ def task_info(owner: str) -> str:
 
 
 def on_fork(hook: Callable[[], None]) -> None:
-    """Run ``hook`` in every forked child, after the new process id is set."""
+    """Run ``hook`` in every forked child, after the new process id is set. (The engine keeps
+    its own per-process state in ``process``, reset by its one fork hook.)"""
     _fork_hooks.append(hook)
 
 
-def _after_fork_in_child() -> None:
+def renew() -> None:
+    """A forked child's new identity: a new process uuid (so no owner id of the parent's is
+    ever reused, invariant 9) and no thread's cached owner. Run by ``process``'s fork hook."""
     global _process_id, _local, _process_json
     _process_id = str(uuid.uuid4())
     _local = threading.local()  # the forking thread's cached owner named the parent's uuid
     _process_json = None        # new pid; the pool child's name is set after this hook runs
     for hook in _fork_hooks:
         hook()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def with_kind(info: str, kind: str) -> str:

@@ -30,7 +30,7 @@ from typing import Any
 
 from redis.exceptions import AskError, MovedError, NoScriptError
 
-from . import events, identity, replicas
+from . import events, process, replicas
 from .clients import cluster_of, is_cluster_node, node_client, refresh
 from .renewal import Lateness, Scheduler, renew_calls
 from .scripts import FORCE_UNLOCK_OWNER_SCRIPT, RENEW_SCRIPT, Script
@@ -460,18 +460,6 @@ def _replicas(client: Any, server: Any) -> int:
         return 0
 
 
-_watchdog = Watchdog()
-
-
-def watchdog() -> Watchdog:
-    """The registry of this process (a new one in a forked child)."""
-    return _watchdog
-
-
-def _reset_after_fork() -> None:
-    # The parent's renewal thread does not exist here and its holds are not ours.
-    global _watchdog
-    _watchdog = Watchdog()
-
-
-identity.on_fork(_reset_after_fork)
+#: The registry of this process (a new one in a forked child: the parent's renewal thread does
+#: not exist there, and its holds are not the child's).
+watchdog: Callable[[], Watchdog] = process.local(Watchdog)

@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Any
 
-from . import identity
+from . import process
 
 logger = logging.getLogger("django_rlock")
 
@@ -28,45 +28,55 @@ RETRY_EVERY = 1.0
 #: plus the registration slack): past it, there is nothing left to withdraw.
 LONGEST_ENTRY = 66.0
 
-# (client, waiters hash, token) -> monotonic time past which the entry is gone anyway.
-_pending: dict[tuple[Any, str, str], float] = {}
-_lock = threading.Lock()
-_thread: threading.Thread | None = None
+class _Pending:
+    """This process's withdrawals to send again, and the thread sending them."""
+
+    __slots__ = ("items", "lock", "thread")
+
+    def __init__(self) -> None:
+        #: (client, waiters hash, token) -> monotonic time past which the entry is gone anyway.
+        self.items: dict[tuple[Any, str, str], float] = {}
+        self.lock = threading.Lock()
+        self.thread: threading.Thread | None = None
+
+
+#: None in a forked child: the parent's thread does not exist there, its waits were not ours.
+_state = process.local(_Pending)
 
 
 def later(client: Any, waiters: str, token: str, until: float | None) -> None:
     """Keep withdrawing ``token`` from ``waiters`` on ``client``'s server until it lands or
     ``until`` (its entry's end; None: no budget) has passed."""
-    global _thread
     now = time.monotonic()
     end = now + LONGEST_ENTRY if until is None else until
     if end <= now:
         return  # the entry has run out already
-    with _lock:
-        _pending[(client, waiters, token)] = end
-        if _thread is None:
-            _thread = threading.Thread(target=_run, name="django-rlock-withdraw", daemon=True)
-            _thread.start()
+    pending = _state()
+    with pending.lock:
+        pending.items[(client, waiters, token)] = end
+        if pending.thread is None:
+            pending.thread = threading.Thread(target=_run, args=(pending,),
+                                              name="django-rlock-withdraw", daemon=True)
+            pending.thread.start()
 
 
 def pending() -> int:
     """How many withdrawals are still to land (read by tests)."""
-    return len(_pending)
+    return len(_state().items)
 
 
-def _run() -> None:
-    global _thread
+def _run(pending: _Pending) -> None:
     while True:
         time.sleep(RETRY_EVERY)
-        with _lock:
+        with pending.lock:
             now = time.monotonic()
-            for item, end in list(_pending.items()):
+            for item, end in list(pending.items.items()):
                 if end <= now:
-                    del _pending[item]
-            if not _pending:
-                _thread = None
+                    del pending.items[item]
+            if not pending.items:
+                pending.thread = None
                 return
-            todo = list(_pending)
+            todo = list(pending.items)
         for item in todo:
             client, waiters, token = item
             try:
@@ -75,16 +85,5 @@ def _run() -> None:
                 logger.debug("django-rlock: withdrawing %s from %s failed again (%s)", token,
                              waiters, exc)
                 continue
-            with _lock:
-                _pending.pop(item, None)
-
-
-def _reset_after_fork() -> None:
-    # The parent's thread does not exist here, and its waits were not ours.
-    global _lock, _thread
-    _pending.clear()
-    _lock = threading.Lock()
-    _thread = None
-
-
-identity.on_fork(_reset_after_fork)
+            with pending.lock:
+                pending.items.pop(item, None)

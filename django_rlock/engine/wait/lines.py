@@ -30,7 +30,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from .. import identity
+from .. import identity, process
 from ..naming import wake_channel
 from ..watchdog import server_id
 from . import settings
@@ -59,12 +59,21 @@ class _Lines:
         self.count = _Count()
 
 
-_process = _Lines()
+
+def _forked(old: _Lines) -> None:
+    # The forking thread's lines are the parent's sockets: never read or shut down here. The
+    # lines dropped with the old state count down in the old count, under a new lock (a
+    # parent thread may have held its lock at the fork), never in the child's.
+    old.count.lock = threading.Lock()
+
+
+#: This process's lines (none in a forked child).
+_state = process.local(_Lines, _forked)
 
 
 def open_count() -> int:
     """Lines of this process that are open now."""
-    return _process.count.open
+    return _state().count.open
 
 
 class WakeLine:
@@ -86,7 +95,7 @@ class WakeLine:
         self._finalizer = weakref.finalize(self, _close, self.conn, self._rfd, self._wfd)
         # (Counted in the process that opened it: a line dropped in a forked child leaves the
         # child's count alone.)
-        count = _process.count
+        count = _state().count
         count.add(1)
         weakref.finalize(self, count.add, -1)
 
@@ -224,7 +233,7 @@ def _close(conn: Any, rfd: int, wfd: int) -> None:
 
 
 def _lines() -> dict[Any, Any]:
-    local = _process.local
+    local = _state().local
     lines: dict[Any, Any] | None = getattr(local, "lines", None)
     if lines is None:
         lines = local.lines = {}
@@ -285,7 +294,7 @@ def open_line(client: Any, owner: str) -> WakeLine | None:
         _close(old.conn, -1, -1)  # lost, or the parent's (a fork): its pipe closes with it
     elif isinstance(old, float) and time.monotonic() < old:
         return None
-    if _process.count.open >= settings.MAX_LINES:
+    if _state().count.open >= settings.MAX_LINES:
         return None
     try:
         line = lines[sid] = WakeLine(client, owner)
@@ -294,15 +303,3 @@ def open_line(client: Any, owner: str) -> WakeLine | None:
         lines[sid] = time.monotonic() + settings.RETRY_AFTER
         return None
     return line
-
-
-def _reset_after_fork() -> None:
-    # The forking thread's lines are the parent's sockets: never read or shut down here.
-    # The lines dropped with the old state count down in the old count (under a new lock: a
-    # parent thread may have held its lock at the fork), never in the child's.
-    global _process
-    _process.count.lock = threading.Lock()
-    _process = _Lines()
-
-
-identity.on_fork(_reset_after_fork)

@@ -12,7 +12,7 @@ import asyncio
 import threading
 from typing import Any
 
-from .. import identity
+from .. import process
 from ..watchdog import server_id
 from .channel import Channel, Channels, WakePolicy
 from .handoff import HandOffs
@@ -150,7 +150,9 @@ class _Managers:
         self.lock = threading.Lock()
 
 
-_process = _Managers()
+#: This process's managers (none in a forked child: the parent's listener threads do not exist
+#: there, and their sockets are the parent's).
+_state = process.local(_Managers)
 
 
 def manager(client: Any) -> PubSubManager:
@@ -158,24 +160,15 @@ def manager(client: Any) -> PubSubManager:
     names a key but not its database, so a queue shared by two databases could hand one
     database's lock to a waiter for the other's (invariant 5)."""
     sid = server_id(client)
-    process = _process
-    mgr = process.by_server.get(sid)
+    managers = _state()
+    mgr = managers.by_server.get(sid)
     if mgr is None:
-        with process.lock:
-            mgr = process.by_server.get(sid)
+        with managers.lock:
+            mgr = managers.by_server.get(sid)
             if mgr is None:
-                mgr = process.by_server[sid] = PubSubManager(client)
+                mgr = managers.by_server[sid] = PubSubManager(client)
     return mgr
 
 
 def existing_manager(client: Any) -> PubSubManager | None:
-    return _process.by_server.get(server_id(client))
-
-
-def _reset_after_fork() -> None:
-    # The parent's listener thread does not exist here, and its socket is the parent's.
-    global _process
-    _process = _Managers()
-
-
-identity.on_fork(_reset_after_fork)
+    return _state().by_server.get(server_id(client))
