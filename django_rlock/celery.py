@@ -134,7 +134,7 @@ class LockedTask(Task):
             return super().apply_async(args, kwargs, task_id, *rest, **options)
         name = dedupe_name(self, args, kwargs)  # wrong arguments fail here, before any command
         task_id = task_id or uuid()
-        client, prefix, _ = spec._where()
+        client, prefix, _ = spec.where()
         key = prefix + name
         ttl_ms = max(1, math.ceil(float(self.dedupe_ttl) * 1000))
         field = _field(task_id)
@@ -156,7 +156,7 @@ class _Mark:
     """A running task's claim on its de-dup mark, renewed by this process's watchdog."""
 
     def __init__(self, spec: Any, task: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        client, prefix, self.watchdog_timeout = spec._where()
+        client, prefix, self.watchdog_timeout = spec.where()
         call_args = args[1:] if args and args[0] is task else args
         self.key = prefix + dedupe_name(task, call_args, kwargs)
         #: Idempotent scripts go through ``client`` (a cluster client follows a moved slot);
@@ -199,7 +199,7 @@ def _release_revoked_mark(sender: Any = None, request: Any = None, **_: Any) -> 
     if spec is None or not spec.dedupe or request is None:
         return
     try:
-        client, prefix, _ = spec._where()
+        client, prefix, _ = spec.where()
         key = prefix + dedupe_name(sender, request.args, request.kwargs)
         call(client, MARK_RELEASE_SCRIPT, (key, index_for(client, prefix, key)),
              (_field(request.id),))

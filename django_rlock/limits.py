@@ -196,7 +196,7 @@ class LimitSpec(LockSpec):
     def sync_lock(self, name: str) -> PermitCall:
         from .engine.semaphore import PermitExpirableSemaphore
 
-        client, prefix, _ = self._where()
+        client, prefix, _ = self.where()
         sem = PermitExpirableSemaphore(client, name, prefix, watchdog_timeout=self._watchdog())
         return PermitCall(sem, self.permits, client)
 
@@ -204,7 +204,7 @@ class LimitSpec(LockSpec):
         from .engine.clients import async_twin, sync_twin
         from .engine.semaphore import AsyncPermitExpirableSemaphore
 
-        client, prefix, _ = self._where()
+        client, prefix, _ = self.where()
         if is_async_client(client):
             aclient, sync = client, sync_twin(client)
         else:

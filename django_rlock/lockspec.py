@@ -294,7 +294,7 @@ class LockSpec:
         self._settings_place = place
         return place
 
-    def _where(self) -> tuple[Any, str, float]:
+    def where(self) -> tuple[Any, str, float]:
         place = self._place()
         return place.get_client(), place.prefix, place.watchdog_timeout
 

@@ -437,6 +437,15 @@ class LockBase(releasing.Releasing, SlotBound):
                         deleted=bool(r))
         return bool(r)
 
+    @property
+    def server(self) -> Any:
+        """Which Redis database this lock is on (``watchdog.server_id``): holds are keyed by it."""
+        return self._server
+
+    def current_owner(self) -> str:
+        """The calling thread's (or task's) owner id for this lock."""
+        return self._owner()
+
     def is_lost(self) -> bool:
         """True if the watchdog found this owner's hold gone (expired or force-unlocked)."""
         return watchdog().is_lost((self._server, self.key, self._field()))

@@ -174,7 +174,7 @@ class Locks:
         keys = {k for k in map(text, found) if k is not None and k != self.prefix}
         if scan:  # anything may be under the prefix: only lock-shaped keys count
             keys = {k for k in keys if not k.startswith(INDEX_PREFIX + ":") and not is_auxiliary(k)}
-            return [info.name for chunk in _batches(sorted(keys)) for info in self._read(chunk)]
+            return [info.name for chunk in _batches(sorted(keys)) for info in self.read_keys(chunk)]
         live: list[str] = []
         gone: list[str] = []
         for chunk in _batches(sorted(keys)):
@@ -223,15 +223,15 @@ class Locks:
         """
         out: list[LockInfo] = []
         for chunk in _batches([self.prefix + n for n in names if n]):
-            out.extend(self._read(chunk))
+            out.extend(self.read_keys(chunk))
         return out
 
     def show(self, name: str) -> LockInfo | None:
         """One lock with everything: a fair lock's queue, each permit's remaining lease."""
-        found = self._read([self.prefix + name], detail=True) if name else []
+        found = self.read_keys([self.prefix + name], detail=True) if name else []
         return found[0] if found else None
 
-    def _read(self, keys: Sequence[str], detail: bool = False) -> list[LockInfo]:
+    def read_keys(self, keys: Sequence[str], detail: bool = False) -> list[LockInfo]:
         shapes = self._shapes(keys)
         wanted = [(k, s) for k, s in zip(keys, shapes, strict=True) if s]
         if not wanted:
@@ -388,14 +388,14 @@ class ClusterLocks(Locks):
     def force(self, info: LockInfo) -> bool:
         return self._node(info.key).force(info)
 
-    def _read(self, keys: Sequence[str], detail: bool = False) -> list[LockInfo]:
-        return [info for k in keys for info in self._node(k)._read([k], detail)]
+    def read_keys(self, keys: Sequence[str], detail: bool = False) -> list[LockInfo]:
+        return [info for k in keys for info in self._node(k).read_keys([k], detail)]
 
 
 def describe_holders(client: Any, key: str, prefix: str = "") -> str:
     """Who holds ``key`` now, for a log line ("nobody" if free); never raises."""
     try:
-        info = Locks(client, prefix)._read([key])
+        info = Locks(client, prefix).read_keys([key])
     except Exception:
         return "?"
     if not info:

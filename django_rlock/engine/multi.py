@@ -68,7 +68,7 @@ class MultiLock:
             if not isinstance(lock, self._member_type):
                 raise TypeError(f"{kind} members must be {self._member_type.__name__}s, not "
                                 f"{type(lock).__name__}")
-        where = [(lock._server, lock.key) for lock in locks]
+        where = [(lock.server, lock.key) for lock in locks]
         if len(set(where)) != len(where):
             raise ValueError(f"{kind} has the same lock twice (one key on one server): "
                              f"{[lock.key for lock in locks]}")
@@ -182,8 +182,8 @@ class MultiLock:
         ms = max(1, math.ceil(lease * 1000))
         out = []
         for lock in taken:
-            owner = lock._owner()
-            hold = watchdog().get((lock._server, lock.key, owner))
+            owner = lock.current_owner()
+            hold = watchdog().get((lock.server, lock.key, owner))
             if hold is None or not hold.renew:
                 out.append((lock, (owner, ms)))
         return out

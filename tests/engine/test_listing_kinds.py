@@ -393,13 +393,16 @@ def test_clear_fenced_keeps_the_token_counter(r: redis.Redis, subscribe: Any) ->
 def test_clear_plain_lock_and_events(r: redis.Redis, subscribe: Any) -> None:
     write_kinds(r, "p:")
     seen: list[tuple[str, dict[str, Any]]] = []
-    events.add_listener(lambda e, d: seen.append((e, d)))
+    def listener(e: str, d: dict[str, Any]) -> None:
+        seen.append((e, d))
+
+    events.add_listener(listener)
     try:
         sub = subscribe(lock_channel("p:plain"))
         assert Locks(r, "p:").clear(["plain", "rw", "gone"]) == ["plain", "rw"]
         assert sub.messages() == [(lock_channel("p:plain"), "0")]
     finally:
-        events.listeners = ()
+        events.remove_listener(listener)  # only ours: Django's signal bridge may be there too
     assert [(e, d["name"], d["deleted"]) for e, d in seen] == [
         ("force_unlocked", "plain", True), ("force_unlocked", "rw", True)]
 
