@@ -5,6 +5,7 @@ from .errors import LockBusy, LockError, LockNotOwnedError, LockNotSyncedError, 
 from .fair import AsyncFairLock, FairLock
 from .fenced import AsyncFencedLock, FencedLock
 from .latch import AsyncCountDownLatch, CountDownLatch
+from .leader import Leader, LeaderInfo
 from .lock import RLock
 from .multi import AsyncMultiLock, AsyncRedLock, MultiLock, MultiLockError, RedLock
 from .nonreentrant import AsyncNonReentrantLock, NonReentrantLock
@@ -26,7 +27,7 @@ from .semaphore import (
 __all__ = ["AsyncCountDownLatch", "AsyncFairLock", "AsyncFencedLock", "AsyncMultiLock",
            "AsyncNonReentrantLock", "AsyncPermitExpirableSemaphore", "AsyncReadLock",
            "AsyncReadWriteLock", "AsyncRedLock", "AsyncRLock", "AsyncSemaphore", "AsyncWriteLock",
-           "CountDownLatch", "FairLock", "FencedLock", "LockBusy", "LockError",
-           "LockNotOwnedError", "LockNotSyncedError", "LockReentryError", "MultiLock",
+           "CountDownLatch", "FairLock", "FencedLock", "Leader", "LeaderInfo", "LockBusy",
+           "LockError", "LockNotOwnedError", "LockNotSyncedError", "LockReentryError", "MultiLock",
            "MultiLockError", "NonReentrantLock", "PermitExpirableSemaphore", "ReadLock",
            "ReadWriteLock", "RedLock", "RLock", "Semaphore", "WriteLock"]
