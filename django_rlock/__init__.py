@@ -13,6 +13,7 @@ from .engine import (
     AsyncCountDownLatch,
     AsyncFairLock,
     AsyncFencedLock,
+    AsyncLeader,
     AsyncMultiLock,
     AsyncNonReentrantLock,
     AsyncPermitExpirableSemaphore,
@@ -51,7 +52,8 @@ _LAZY = {"get_lock": "factory", "get_semaphore": "factory", "get_latch": "factor
          "locked": "decorators", "limited": "limits", "fenced_update": "fencing",
          "afenced_update": "fencing"}
 
-__all__ = ["AsyncCountDownLatch", "AsyncFairLock", "AsyncFencedLock", "AsyncMultiLock",
+__all__ = ["AsyncCountDownLatch", "AsyncFairLock", "AsyncFencedLock", "AsyncLeader",
+           "AsyncMultiLock",
            "AsyncNonReentrantLock", "AsyncPermitExpirableSemaphore", "AsyncRLock", "AsyncReadLock",
            "AsyncReadWriteLock", "AsyncRedLock", "AsyncSemaphore", "AsyncWriteLock",
            "CountDownLatch", "FairLock", "FencedLock", "Leader", "LeaderInfo", "LockBusy",

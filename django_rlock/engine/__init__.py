@@ -1,6 +1,7 @@
 """The lock engine: plain redis-py, no Django anywhere below this package."""
 
 from .aio import AsyncRLock
+from .aioleader import AsyncLeader
 from .errors import LockBusy, LockError, LockNotOwnedError, LockNotSyncedError, LockReentryError
 from .fair import AsyncFairLock, FairLock
 from .fenced import AsyncFencedLock, FencedLock
@@ -24,7 +25,7 @@ from .semaphore import (
     Semaphore,
 )
 
-__all__ = ["AsyncCountDownLatch", "AsyncFairLock", "AsyncFencedLock", "AsyncMultiLock",
+__all__ = ["AsyncCountDownLatch", "AsyncFairLock", "AsyncFencedLock", "AsyncLeader", "AsyncMultiLock",
            "AsyncNonReentrantLock", "AsyncPermitExpirableSemaphore", "AsyncReadLock",
            "AsyncReadWriteLock", "AsyncRedLock", "AsyncRLock", "AsyncSemaphore", "AsyncWriteLock",
            "CountDownLatch", "FairLock", "FencedLock", "Leader", "LeaderInfo", "LockBusy",

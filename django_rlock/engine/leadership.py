@@ -139,6 +139,11 @@ class _LeaderLockMixin:
         return pubsub.manager(self._sync_client).enter(self._channel, self.key, wakes=wake_all,
                                                        loop=loop)
 
+    def confirmation(self, slot: Slot, loop: Any) -> Any:
+        """For an asyncio watch: a future resolved once its subscription is confirmed (None:
+        it is already)."""
+        return pubsub.manager(self._sync_client).confirmation(slot, loop)
+
     def nudge(self) -> None:
         """Wake this process's waiters on the key (the leader's watch, a stopping standby)
         without a message through Redis."""
@@ -177,7 +182,7 @@ class LeaderLock(_LeaderLockMixin, FencedLock):
 
 
 class AsyncLeaderLock(_LeaderLockMixin, AsyncFencedLock):
-    """``LeaderLock`` for asyncio (the standby's wait is ended by cancelling its task)."""
+    """``LeaderLock`` for asyncio."""
 
     def __init__(self, client: Any, name: str, prefix: str = "", watchdog_timeout: float = 30.0,
                  **kwargs: Any) -> None:
@@ -185,6 +190,12 @@ class AsyncLeaderLock(_LeaderLockMixin, AsyncFencedLock):
         self._leader_init()
 
     _holder_info = staticmethod(identity.task_info)
+
+    async def _attempt(self, k: Any, lease_ms: int | None, t0: float, claim: bool = False,
+                       reg: tuple[str, float | None] | None = None) -> int | None:
+        if self.stopping:
+            raise CampaignStopped(f"leader campaign for {self.key!r} stopped")
+        return await super()._attempt(k, lease_ms, t0, claim, reg)
 
     async def holds(self, owner: str) -> bool:
         return bool(await self._reader.hexists(self.key, owner))
