@@ -168,7 +168,8 @@ class AsyncLeader(LeaderBase):
             confirmed = lock.confirmation(slot, loop)
             if confirmed is not None:
                 try:
-                    await asyncio.wait_for(confirmed, wait_settings.SUBSCRIBE_TIMEOUT)
+                    await asyncio.wait_for(confirmed, max(0.0, min(
+                        wait_settings.SUBSCRIBE_TIMEOUT, until(term.hold) - time.monotonic())))
                 except TimeoutError:
                     pass
             while True:
@@ -185,10 +186,11 @@ class AsyncLeader(LeaderBase):
                 slot = lock.watch(loop)
                 if self._stopping:
                     continue
-                try:
-                    ours = await lock.holds(term.owner)
+                try:  # never waiting past the doubt (a frozen Redis)
+                    ours = await asyncio.wait_for(lock.holds(term.owner), max(
+                        0.0, until(term.hold) - time.monotonic()))
                 except Exception:
-                    ours = True
+                    ours = True  # no answer in time: renewal and the clock decide
                 if not ours:
                     return self._end(term, LOST)
         finally:

@@ -161,13 +161,33 @@ class Leader(LeaderBase):
         except Exception:
             pass
 
+    def _still_ours(self, term: Term) -> bool:
+        """One HEXISTS, on a thread of its own so that a frozen Redis never holds the Leader's
+        thread past the term's doubt (True: ours, or no answer in time)."""
+        answer: list[bool] = []
+        done = threading.Event()
+
+        def look() -> None:
+            try:
+                answer.append(self._lock.holds(term.owner))
+            except Exception:
+                pass
+            done.set()
+
+        threading.Thread(target=look, name=f"django-rlock leader {self.group} look",
+                         daemon=True).start()
+        done.wait(max(0.0, until(term.hold) - time.monotonic()))
+        return not answer or answer[0]
+
     def _lead(self, term: Term) -> str:
         """Wait until the term ends (stop, loss, doubt); returns the reason, latched."""
         lock = self._lock
         slot = lock.watch()
         try:
             if not slot.confirmed.is_set():
-                slot.confirmed.wait(wait_settings.SUBSCRIBE_TIMEOUT)
+                # (Never past the doubt: a frozen Redis confirms nothing.)
+                slot.confirmed.wait(max(0.0, min(wait_settings.SUBSCRIBE_TIMEOUT,
+                                                 until(term.hold) - time.monotonic())))
             while True:
                 if self._stop.is_set():
                     return self._end(term, STOPPED)
@@ -178,16 +198,11 @@ class Leader(LeaderBase):
                 slot.park(max(0.0, until(term.hold) - time.monotonic()) + 0.001)
                 if slot.waiter.state is not State.SIGNALED:
                     continue
-                # A message on the key's channel (a force-unlock, ...) or a nudge: look.
+                # A message on the key's channel (a force-unlock), a reconnection (the key
+                # may be gone with a restart) or a nudge: look, without waiting past the doubt.
                 slot.leave()
                 slot = lock.watch()
-                if self._stop.is_set():
-                    continue
-                try:
-                    ours = lock.holds(term.owner)
-                except Exception:
-                    ours = True  # cannot tell: renewal and the clock decide
-                if not ours:
+                if not self._stop.is_set() and not self._still_ours(term):
                     return self._end(term, LOST)
         finally:
             slot.leave()
