@@ -55,6 +55,7 @@ class AsyncLeader(LeaderBase):
         self._stopping = False
         self._stopped.clear()
         self._lock.stopping = False
+        self._emit("leader_started")
         self._task = asyncio.get_running_loop().create_task(
             self._run(), name=f"django-rlock leader {self.group}")
         return self

@@ -71,6 +71,7 @@ class Leader(LeaderBase):
         self._thread = threading.Thread(target=self._run, name=f"django-rlock leader {self.group}",
                                         daemon=True)
         _started.add(self)
+        self._emit("leader_started")
         self._thread.start()
         return self
 
