@@ -126,3 +126,16 @@ def test_get_leader_aio_is_an_async_leader(received):
     elected, term = asyncio.run(main())
     assert elected and term is not None
     assert [(w, kw["term"]) for w, kw in received] == [("elected", term), ("revoked", term)]
+
+
+@pytest.mark.django_db
+def test_the_admin_lists_the_leadership_with_its_term(admin_client, received):
+    from django.urls import reverse
+
+    from tests.django.test_admin import cells
+
+    with get_leader("adm") as leader:
+        assert leader.wait_elected(5)
+        html = admin_client.get(reverse("admin:django_rlock_lock_changelist")).content.decode()
+        row = cells(html, "rlock-leader:adm")
+        assert (row["kind"], row["details"]) == ("leader", f"term {leader.term}")

@@ -345,3 +345,45 @@ def test_a_term_in_doubt_is_given_up_and_a_new_one_won(own_server):
             assert time.monotonic() < end, seen
             time.sleep(0.01)
         assert seen[2][0] == "elected" and seen[2][1] > first and leader.term == seen[2][1]
+
+
+def test_async_leader_in_one_loop_with_coroutine_callbacks(redis_server, r, caplog):
+    import asyncio
+
+    import redis.asyncio
+
+    seen: list[tuple[str, Any]] = []
+
+    async def elected(term: int) -> None:
+        await asyncio.sleep(0)
+        seen.append(("elected", term))
+        raise RuntimeError("a broken coroutine callback")
+
+    async def revoked(reason: str) -> None:
+        seen.append(("revoked", reason))
+
+    async def main() -> None:
+        client = redis.asyncio.Redis(unix_socket_path=redis_server.socket)
+        a = AsyncLeader(client, "ai", on_elected=elected, on_revoked=revoked)
+        b = AsyncLeader(client, "ai", watchdog_timeout=5, on_revoked=revoked)
+        assert await a.leader() is None
+        async with a:
+            assert await a.wait_elected(5)
+            await b.start()
+            assert not await b.wait_elected(0.2)
+            assert a.is_leader() and a.term == seen[0][1] and b.term is None
+            info = await b.leader()
+            assert info is not None and (info.pid, info.term) == (os.getpid(), a.term)
+            with pytest.raises(RuntimeError, match="already started"):
+                await a.start()
+        assert await b.wait_elected(5) and b.term > seen[0][1]
+        await b.lock.force_unlock()  # deposed: told, and it campaigns again
+        await asyncio.sleep(0.1)
+        assert await b.wait_elected(5)
+        await b.stop()
+        await client.aclose()
+
+    asyncio.run(main())
+    assert [s for s in seen if s[0] == "revoked"] == [("revoked", "stopped"), ("revoked", "lost"),
+                                                      ("revoked", "stopped")]
+    assert "a broken coroutine callback" in caplog.text
