@@ -18,6 +18,7 @@ from types import TracebackType
 from typing import Any
 
 from .leadership import (
+    IN_DOUBT,
     LOST,
     RETRY_MAX,
     RETRY_MIN,
@@ -145,6 +146,9 @@ class AsyncLeader(LeaderBase):
                 self._announce(token)
                 await self._call(self.on_elected, token)
                 reason = await self._lead(term)
+            except Exception:  # a bug here must not leave a believing leader without a task
+                logger.exception("django-rlock: leader %r: its watch failed", self.group)
+                reason = self._end(term, IN_DOUBT)
             except BaseException:  # cancelled: stand down all the same
                 self._end(term, STOPPED)
                 self._elected.clear()

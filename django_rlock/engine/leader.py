@@ -27,6 +27,7 @@ from typing import Any
 
 from .kinds import Kind, declare
 from .leadership import (
+    IN_DOUBT,
     LOST,
     RETRY_MAX,
     RETRY_MIN,
@@ -76,9 +77,11 @@ class Leader(LeaderBase):
         return self
 
     def stop(self, timeout: float | None = None) -> None:
-        """Stand down: a leader ends its term (``on_revoked("stopped")``) and releases the key,
-        so a standby is elected at once; a standby stops waiting. Waits for the Leader's thread
-        (up to ``timeout`` s; not when called from that thread, from a callback)."""
+        """Stand down: a leader ends its term (``is_leader()`` false, then
+        ``on_revoked("stopped")``, which may wind the work down: the key waits for it) and
+        releases the key, so a standby is elected at once; a standby stops waiting. Waits for
+        the Leader's thread (up to ``timeout`` s; not when called from that thread, from a
+        callback)."""
         self._stop.set()
         self._lock.stopping = True
         thread = self._thread
@@ -148,7 +151,11 @@ class Leader(LeaderBase):
             self._elected.set()
             self._announce(token)
             self._call(self.on_elected, token)
-            reason = self._lead(term)
+            try:
+                reason = self._lead(term)
+            except Exception:  # a bug here must not leave a believing leader without a thread
+                logger.exception("django-rlock: leader %r: its watch failed", self.group)
+                reason = self._end(term, IN_DOUBT)
             self._elected.clear()
             self._announce(token, reason)
             self._call(self.on_revoked, reason)
