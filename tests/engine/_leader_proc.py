@@ -51,9 +51,10 @@ def callbacks(out: Out) -> dict[str, Any]:
 
 def sample(out: Out, leader: Any) -> None:
     before = time.monotonic()
+    term = leader.term  # (a term that ends between the two reads: is_leader() says False)
     r = leader.is_leader()
     after = time.monotonic()
-    out.write(s=[before, after, r, leader.term if r else None])
+    out.write(s=[before, after, r and term is not None, term if r else None])
 
 
 def run_sync(sock: str, group: str, wt: float, out: Out) -> None:
