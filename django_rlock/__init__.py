@@ -13,6 +13,7 @@ from .engine import (
     AsyncCountDownLatch,
     AsyncFairLock,
     AsyncFencedLock,
+    AsyncLeader,
     AsyncMultiLock,
     AsyncNonReentrantLock,
     AsyncPermitExpirableSemaphore,
@@ -25,6 +26,8 @@ from .engine import (
     CountDownLatch,
     FairLock,
     FencedLock,
+    Leader,
+    LeaderInfo,
     LockBusy,
     LockError,
     LockNotOwnedError,
@@ -47,13 +50,14 @@ __version__ = "0.1.0"
 #: Django-facing names, imported on first use: name -> module.
 _LAZY = {"get_lock": "factory", "get_semaphore": "factory", "get_latch": "factory",
          "locked": "decorators", "limited": "limits", "fenced_update": "fencing",
-         "afenced_update": "fencing"}
+         "afenced_update": "fencing", "get_leader": "leaders"}
 
-__all__ = ["AsyncCountDownLatch", "AsyncFairLock", "AsyncFencedLock", "AsyncMultiLock",
+__all__ = ["AsyncCountDownLatch", "AsyncFairLock", "AsyncFencedLock", "AsyncLeader",
+           "AsyncMultiLock",
            "AsyncNonReentrantLock", "AsyncPermitExpirableSemaphore", "AsyncRLock", "AsyncReadLock",
            "AsyncReadWriteLock", "AsyncRedLock", "AsyncSemaphore", "AsyncWriteLock",
-           "CountDownLatch", "FairLock", "FencedLock", "LockBusy", "LockError",
-           "LockNotOwnedError", "LockNotSyncedError", "LockReentryError", "MultiLock",
+           "CountDownLatch", "FairLock", "FencedLock", "Leader", "LeaderInfo", "LockBusy",
+           "LockError", "LockNotOwnedError", "LockNotSyncedError", "LockReentryError", "MultiLock",
            "MultiLockError", "NonReentrantLock", "PermitExpirableSemaphore", "RLock",
            "ReadLock", "ReadWriteLock", "RedLock", "Semaphore", "WriteLock", "__version__",
            *_LAZY]
