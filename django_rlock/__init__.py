@@ -13,6 +13,7 @@ from .engine import (
     AsyncCountDownLatch,
     AsyncFairLock,
     AsyncFencedLock,
+    AsyncLeader,
     AsyncMultiLock,
     AsyncNonReentrantLock,
     AsyncPermitExpirableSemaphore,
@@ -25,6 +26,8 @@ from .engine import (
     CountDownLatch,
     FairLock,
     FencedLock,
+    Leader,
+    LeaderInfo,
     LockBusy,
     LockError,
     LockNotOwnedError,
@@ -49,11 +52,12 @@ _LAZY = {"get_lock": "factory", "get_semaphore": "factory", "get_latch": "factor
          "locked": "decorators", "limited": "limits", "fenced_update": "fencing",
          "afenced_update": "fencing"}
 
-__all__ = ["AsyncCountDownLatch", "AsyncFairLock", "AsyncFencedLock", "AsyncMultiLock",
+__all__ = ["AsyncCountDownLatch", "AsyncFairLock", "AsyncFencedLock", "AsyncLeader",
+           "AsyncMultiLock",
            "AsyncNonReentrantLock", "AsyncPermitExpirableSemaphore", "AsyncRLock", "AsyncReadLock",
            "AsyncReadWriteLock", "AsyncRedLock", "AsyncSemaphore", "AsyncWriteLock",
-           "CountDownLatch", "FairLock", "FencedLock", "LockBusy", "LockError",
-           "LockNotOwnedError", "LockNotSyncedError", "LockReentryError", "MultiLock",
+           "CountDownLatch", "FairLock", "FencedLock", "Leader", "LeaderInfo", "LockBusy",
+           "LockError", "LockNotOwnedError", "LockNotSyncedError", "LockReentryError", "MultiLock",
            "MultiLockError", "NonReentrantLock", "PermitExpirableSemaphore", "RLock",
            "ReadLock", "ReadWriteLock", "RedLock", "Semaphore", "WriteLock", "__version__",
            *_LAZY]

@@ -1,10 +1,12 @@
 """The lock engine: plain redis-py, no Django anywhere below this package."""
 
 from .aio import AsyncRLock
+from .aioleader import AsyncLeader
 from .errors import LockBusy, LockError, LockNotOwnedError, LockNotSyncedError, LockReentryError
 from .fair import AsyncFairLock, FairLock
 from .fenced import AsyncFencedLock, FencedLock
 from .latch import AsyncCountDownLatch, CountDownLatch
+from .leader import Leader, LeaderInfo
 from .lock import RLock
 from .multi import AsyncMultiLock, AsyncRedLock, MultiLock, MultiLockError, RedLock
 from .nonreentrant import AsyncNonReentrantLock, NonReentrantLock
@@ -23,10 +25,10 @@ from .semaphore import (
     Semaphore,
 )
 
-__all__ = ["AsyncCountDownLatch", "AsyncFairLock", "AsyncFencedLock", "AsyncMultiLock",
+__all__ = ["AsyncCountDownLatch", "AsyncFairLock", "AsyncFencedLock", "AsyncLeader", "AsyncMultiLock",
            "AsyncNonReentrantLock", "AsyncPermitExpirableSemaphore", "AsyncReadLock",
            "AsyncReadWriteLock", "AsyncRedLock", "AsyncRLock", "AsyncSemaphore", "AsyncWriteLock",
-           "CountDownLatch", "FairLock", "FencedLock", "LockBusy", "LockError",
-           "LockNotOwnedError", "LockNotSyncedError", "LockReentryError", "MultiLock",
+           "CountDownLatch", "FairLock", "FencedLock", "Leader", "LeaderInfo", "LockBusy",
+           "LockError", "LockNotOwnedError", "LockNotSyncedError", "LockReentryError", "MultiLock",
            "MultiLockError", "NonReentrantLock", "PermitExpirableSemaphore", "ReadLock",
            "ReadWriteLock", "RedLock", "RLock", "Semaphore", "WriteLock"]

@@ -111,3 +111,12 @@ def fair_waiter_channel(key: str, owner: str) -> str:
 def latch_channel(key: str) -> str:
     # Literal braces around the name, whatever it holds (Redisson builds it this way).
     return "redisson_countdownlatch__channel__{" + key + "}"
+
+
+#: The lock hash of a leader election (``engine.leader``): ``rlock-leader:<group>``.
+LEADER_PREFIX = "rlock-leader"
+
+
+def leader_name(group: str) -> str:
+    """The lock name of ``group``'s leadership (the key is the prefix plus it)."""
+    return f"{LEADER_PREFIX}:{group}"

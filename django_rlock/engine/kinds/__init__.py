@@ -23,7 +23,8 @@ from typing import Any
 #: The modules (under ``django_rlock.engine``) that declare kinds, in listing's order of
 #: recognition for keys found without an index entry (a SCAN): the first whose ``detect``
 #: says yes, else the layout's fallback (the kind without ``detect``).
-MODULES = ("rwlock", "fair", "fenced", "nonreentrant", "aio", "semaphore", "permits", "latch")
+MODULES = ("rwlock", "fair", "fenced", "nonreentrant", "aio", "semaphore", "permits", "latch",
+           "leader")
 
 #: A string key found by SCAN with no index entry: Redisson stores a semaphore and a latch
 #: alike (an integer string), so it is shown as either.
