@@ -43,7 +43,7 @@ from celery.beat import Scheduler
 from celery.exceptions import ImproperlyConfigured
 
 from .beatticks import from_us, latest_tick, next_after, server_clock, to_us
-from .engine.leader import Leader, LeaderInfo
+from .engine import Leader, LeaderInfo
 from .engine.ticks import NOT_YET, SEND, STALE, TickProgress
 
 logger = logging.getLogger("django_rlock.beat")
@@ -186,7 +186,8 @@ class LeaderMixin:
         self.leadership: Leader | None = None
         self.progress: TickProgress | None = None
         self.beat: BeatConfig | None = None
-        self._term: int | None = None
+        self._term: int | None = None  # the term whose progress is loaded
+        self._announced: int | None = None  # the last term logged
         self._stale: int | None = None
         self._standby_logged = False
         self._setup_pending = False
@@ -277,8 +278,10 @@ class LeaderMixin:
         if self._setup_pending:
             self._setup_pending = False
             super().setup_schedule()  # type: ignore[misc]
-        logger.info("django-rlock beat: leading %r, term %d; sending from here (%d entries "
-                    "with progress in Redis)", self.leadership.group, term, len(self._marks))
+        if self._announced != term:
+            self._announced = term
+            logger.info("django-rlock beat: leading %r, term %d; sending from here (%d entries "
+                        "with progress in Redis)", self.leadership.group, term, len(self._marks))
 
     def _lead(self, term: int, owner: str) -> float:
         progress = self.progress
@@ -354,12 +357,16 @@ class LeaderMixin:
             logger.warning("django-rlock beat: tick %s of %r not sent: leadership of term %d "
                            "in doubt", when.isoformat(), entry.name, term)
             return
-        sent = copy.copy(entry)
-        headers = dict(entry.options.get("headers") or {})
+        options = entry.options
+        headers = dict(options.get("headers") or {})
         headers.update(rlock_beat_term=term, rlock_beat_tick=when.isoformat(
             timespec="microseconds"))
-        sent.options = {**entry.options, "headers": headers}
-        self.apply_entry(sent, producer=self.producer)  # type: ignore[attr-defined]
+        # For this send only (an entry cannot always be copied: django-celery-beat's).
+        entry.options = {**options, "headers": headers}
+        try:
+            self.apply_entry(entry, producer=self.producer)  # type: ignore[attr-defined]
+        finally:
+            entry.options = options
 
     # -- shutdown --------------------------------------------------------------------------
     def close(self) -> None:
