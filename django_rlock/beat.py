@@ -213,8 +213,11 @@ class LeaderMixin:
     @property
     def info(self) -> str:
         beat = self.beat
-        if beat is None:
-            return ""
+        if beat is None:  # the banner's (lazy) instance: say what the beat will use
+            try:
+                beat = beat_config(self.app)
+            except Exception as exc:
+                return f"    . leader group -> not configured: {exc}"
         return (f"    . leader group -> {beat.group!r} (watchdog {beat.watchdog_timeout:g} s, "
                 f"Redis from {beat.source})")
 
