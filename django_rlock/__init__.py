@@ -50,7 +50,7 @@ __version__ = "0.1.0"
 #: Django-facing names, imported on first use: name -> module.
 _LAZY = {"get_lock": "factory", "get_semaphore": "factory", "get_latch": "factory",
          "locked": "decorators", "limited": "limits", "fenced_update": "fencing",
-         "afenced_update": "fencing"}
+         "afenced_update": "fencing", "get_leader": "leaders"}
 
 __all__ = ["AsyncCountDownLatch", "AsyncFairLock", "AsyncFencedLock", "AsyncLeader",
            "AsyncMultiLock",

@@ -6,6 +6,9 @@
 Every metric is labelled by ``lock`` = the event's label: the ``@locked`` template
 (``"report:{pk}"``) or a lock's ``label=``, never the formatted name, so the number of series
 stays bounded however many locks there are. Locks without a label count as ``"unlabelled"``.
+Leader elections (``Leader``, ``get_leader``) are labelled by ``group``:
+``django_rlock_leader{group}`` is 1 while this process leads it and 0 while it stands by, and
+``django_rlock_leader_terms_total{group}`` counts the terms it won.
 Built on ``engine.events``: no Django needed, and nothing on the hot path when not installed.
 """
 
@@ -15,7 +18,7 @@ import threading
 import weakref
 from typing import Any
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
 from .engine import events
 
@@ -45,6 +48,11 @@ class LockMetrics:
                               ["lock"], registry=registry, buckets=WAIT_BUCKETS)
         self.held = Histogram("django_rlock_held_seconds", "Time a lock was held until released.",
                               ["lock"], registry=registry, buckets=HELD_BUCKETS)
+        self.leader = Gauge("django_rlock_leader",
+                            "1 while this process leads the group, 0 while it campaigns.",
+                            ["group"], registry=registry)
+        self.terms = Counter("django_rlock_leader_terms", "Terms of the group this process won.",
+                             ["group"], registry=registry)
         #: label -> (acquisitions, wait, held) children: ``.labels()`` costs more than the
         #: increment itself, and these run on every acquire and release. Bounded like labels.
         self._hot: dict[str, tuple[Any, Any, Any]] = {}
@@ -72,6 +80,11 @@ class LockMetrics:
             self.busy.labels(label).inc()
         elif event == "force_unlocked" and data.get("deleted"):
             self.force_unlocks.labels(label).inc()
+        elif event == "leader_elected":
+            self.leader.labels(data["group"]).set(1)
+            self.terms.labels(data["group"]).inc()
+        elif event in ("leader_revoked", "leader_started"):
+            self.leader.labels(data["group"]).set(0)
 
 
 #: Every registry's metrics, made once: metric names can be registered only once per registry,

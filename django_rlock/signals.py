@@ -10,6 +10,9 @@ engine event's (see ``django_rlock.engine.events``):
 - ``lock_busy``: ``ttl``: a ``@locked`` call turned away.
 - ``lock_force_unlocked``: ``deleted``, and ``user``: the admin user, or ``None`` (the
   ``locks clear`` command, or code calling ``force_unlock()``).
+- ``leader_elected``: ``group``, ``term``: a ``Leader`` of this process won a term.
+- ``leader_revoked``: ``group``, ``term``, ``reason`` (``"stopped"``, ``"lost"``, ``"in
+  doubt"``): it left or lost it. Both on the Leader's thread (or task), before its callback.
 
 Receivers run on the thread that caused the event (the watchdog's for ``lock_lost`` and for
 releases of ended owners); an exception in one is logged, never raised into the lock. Async
@@ -37,6 +40,8 @@ lock_released = Signal()
 lock_lost = Signal()
 lock_busy = Signal()
 lock_force_unlocked = Signal()
+leader_elected = Signal()
+leader_revoked = Signal()
 
 _SIGNALS = {
     "acquired": lock_acquired,
@@ -44,6 +49,8 @@ _SIGNALS = {
     "lost": lock_lost,
     "busy": lock_busy,
     "force_unlocked": lock_force_unlocked,
+    "leader_elected": leader_elected,
+    "leader_revoked": leader_revoked,
 }
 
 _user: contextvars.ContextVar[Any] = contextvars.ContextVar("django_rlock_force_user", default=None)
@@ -114,5 +121,6 @@ async def _asend(signal: Signal, event: str, data: dict[str, Any],
 def _log_failures(event: str, results: Iterable[tuple[Any, Any]]) -> None:
     for receiver, result in results:
         if isinstance(result, Exception):
-            logger.error("django-rlock: receiver %r of lock_%s failed: %r", receiver, event,
-                         result, exc_info=result)
+            logger.error("django-rlock: receiver %r of %s failed: %r", receiver,
+                         event if event.startswith("leader_") else f"lock_{event}", result,
+                         exc_info=result)

@@ -18,6 +18,7 @@ from types import TracebackType
 from typing import Any
 
 from .leadership import (
+    IN_DOUBT,
     LOST,
     RETRY_MAX,
     RETRY_MIN,
@@ -55,6 +56,7 @@ class AsyncLeader(LeaderBase):
         self._stopping = False
         self._stopped.clear()
         self._lock.stopping = False
+        self._emit("leader_started")
         self._task = asyncio.get_running_loop().create_task(
             self._run(), name=f"django-rlock leader {self.group}")
         return self
@@ -144,6 +146,9 @@ class AsyncLeader(LeaderBase):
                 self._announce(token)
                 await self._call(self.on_elected, token)
                 reason = await self._lead(term)
+            except Exception:  # a bug here must not leave a believing leader without a task
+                logger.exception("django-rlock: leader %r: its watch failed", self.group)
+                reason = self._end(term, IN_DOUBT)
             except BaseException:  # cancelled: stand down all the same
                 self._end(term, STOPPED)
                 self._elected.clear()
@@ -168,7 +173,8 @@ class AsyncLeader(LeaderBase):
             confirmed = lock.confirmation(slot, loop)
             if confirmed is not None:
                 try:
-                    await asyncio.wait_for(confirmed, wait_settings.SUBSCRIBE_TIMEOUT)
+                    await asyncio.wait_for(confirmed, max(0.0, min(
+                        wait_settings.SUBSCRIBE_TIMEOUT, until(term.hold) - time.monotonic())))
                 except TimeoutError:
                     pass
             while True:
@@ -185,10 +191,11 @@ class AsyncLeader(LeaderBase):
                 slot = lock.watch(loop)
                 if self._stopping:
                     continue
-                try:
-                    ours = await lock.holds(term.owner)
+                try:  # never waiting past the doubt (a frozen Redis)
+                    ours = await asyncio.wait_for(lock.holds(term.owner), max(
+                        0.0, until(term.hold) - time.monotonic()))
                 except Exception:
-                    ours = True
+                    ours = True  # no answer in time: renewal and the clock decide
                 if not ours:
                     return self._end(term, LOST)
         finally:

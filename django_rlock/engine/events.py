@@ -13,6 +13,10 @@ labels, where the name is not), plus:
 - ``lost``: ``owner``, ``held``, ``how`` (expired, force-unlocked).
 - ``busy``: ``ttl`` (seconds left on the holder's lease, or None): a ``@locked`` call turned away.
 - ``force_unlocked``: ``deleted`` (whether a lock was there).
+- ``leader_started``, ``leader_elected``, ``leader_revoked``: a ``Leader`` of this process began
+  to campaign, won a term, lost or left it; ``group``, and ``term`` (elected, revoked) and
+  ``reason`` (revoked: ``"stopped"``, ``"lost"``, ``"in doubt"``). ``label`` is the group's
+  lock name. Sent on the Leader's thread (or task), before its callback.
 
 Listeners run synchronously on the thread that caused the event (the watchdog thread for
 ``lost`` and ``owner ended``); an exception in one is logged and never reaches the lock. With
@@ -27,7 +31,8 @@ from typing import Any
 
 logger = logging.getLogger("django_rlock")
 
-EVENTS = ("acquired", "released", "lost", "busy", "force_unlocked")
+EVENTS = ("acquired", "released", "lost", "busy", "force_unlocked", "leader_started",
+          "leader_elected", "leader_revoked")
 
 Listener = Callable[[str, dict[str, Any]], Any]
 

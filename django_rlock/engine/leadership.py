@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import identity
+from . import events, identity
 from .base import check_seconds
 from .errors import LockError
 from .fenced import AsyncFencedLock, FencedLock
@@ -249,7 +249,7 @@ class LeaderBase:
         self.on_elected = on_elected
         self.on_revoked = on_revoked
         self._lock = lock_class(client, leader_name(group), prefix, watchdog_timeout,
-                                on_lost=self._on_lost)
+                                on_lost=self._on_lost, label=leader_name(group))
         #: The leadership's Redis hash (field = ``owner`` while held) and its fencing counter.
         self.key: str = self._lock.key
         self.token_key: str = self._lock.token_key
@@ -318,8 +318,19 @@ class LeaderBase:
                 self._term = None
             return term.reason
 
+    def _emit(self, event: str, **data: Any) -> None:
+        if events.listeners:
+            lock = self._lock
+            events.emit(event, name=lock.name, key=lock.key, label=lock.label, group=self.group,
+                        **data)
+
     def _announce(self, token: int, reason: str | None = None) -> None:
-        """One log line per election and per revocation (a loss or doubt is a WARNING)."""
+        """One log line and one event per election and per revocation (a loss or doubt is a
+        WARNING)."""
+        if reason is None:
+            self._emit("leader_elected", term=token)
+        else:
+            self._emit("leader_revoked", term=token, reason=reason)
         if reason is None:
             logger.info("django-rlock: %s is the leader of %r, term %d",
                         identity.process_label(), self.group, token)

@@ -1,6 +1,6 @@
 """``manage.py locks list|show|clear``: see and force-unlock the live locks in Redis.
 
-Every kind of the family is shown (KIND: lock, fair, rw, semaphore, permits, latch, fenced;
+Every kind of the family is shown (KIND: lock, fair, rw, semaphore, permits, latch, fenced, leader;
 ``semaphore|latch`` for an integer string no index entry names) with its details: permits
 available and taken, a latch's count, a read-write lock's mode, readers and writer, a fair
 lock's queue, a fenced lock's token.
