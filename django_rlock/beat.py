@@ -41,6 +41,7 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 
 from celery.beat import Scheduler
 from celery.exceptions import ImproperlyConfigured
+from redis.exceptions import RedisError
 
 from .beatticks import from_us, latest_tick, next_after, server_clock, to_us
 from .engine import Leader, LeaderInfo
@@ -238,7 +239,8 @@ class LeaderMixin:
             return self._lead(term, owner)
         except Exception as exc:  # Redis unreachable, a schedule that fails: try again soon
             logger.warning("django-rlock beat: %s: %s; trying again in %s s",
-                           type(exc).__name__, exc, RETRY_PAUSE, exc_info=True)
+                           type(exc).__name__, exc, RETRY_PAUSE,
+                           exc_info=not isinstance(exc, RedisError))
             self._term = None
             return RETRY_PAUSE
 
