@@ -70,6 +70,8 @@ PROMISED: dict[str, tuple[str, ...]] = {
     "django_rlock.transaction": ("hold_until_commit",),
     "django_rlock.prometheus": ("install",),
     "django_rlock.fencing": ("fenced_update", "afenced_update"),
+    "django_rlock.beat": ("LeaderScheduler", "beat_config"),
+    "django_rlock.engine.ticks": ("TickProgress",),
 }
 
 

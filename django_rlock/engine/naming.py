@@ -88,6 +88,12 @@ def suffix_name(key: str, suffix: str) -> str:
     return f"{key}:{suffix}" if "{" in key else f"{{{key}}}:{suffix}"
 
 
+def beat_progress(leader_key: str) -> str:
+    """The progress of the schedule a leadership sends (``engine.ticks``): beside the
+    leadership hash, in its slot (a hash of entry name -> last tick sent)."""
+    return suffix_name(leader_key, "beat")
+
+
 # The family's names (Redisson's, so Java and Node clients meet ours on the same keys).
 FAIR_QUEUE_PREFIX = "redisson_lock_queue"
 FAIR_TIMEOUT_PREFIX = "redisson_lock_timeout"
