@@ -1,6 +1,7 @@
 """The lock engine: plain redis-py, no Django anywhere below this package."""
 
 from .aio import AsyncRLock
+from .aioratelimit import AsyncRateLimiter
 from .errors import LockBusy, LockError, LockNotOwnedError, LockNotSyncedError, LockReentryError
 from .fair import AsyncFairLock, FairLock
 from .fenced import AsyncFencedLock, FencedLock
@@ -8,6 +9,7 @@ from .latch import AsyncCountDownLatch, CountDownLatch
 from .lock import RLock
 from .multi import AsyncMultiLock, AsyncRedLock, MultiLock, MultiLockError, RedLock
 from .nonreentrant import AsyncNonReentrantLock, NonReentrantLock
+from .ratelimit import RateLimited, RateLimiter, RateLimiterError
 from .rwlock import (
     AsyncReadLock,
     AsyncReadWriteLock,
@@ -25,8 +27,10 @@ from .semaphore import (
 
 __all__ = ["AsyncCountDownLatch", "AsyncFairLock", "AsyncFencedLock", "AsyncMultiLock",
            "AsyncNonReentrantLock", "AsyncPermitExpirableSemaphore", "AsyncReadLock",
-           "AsyncReadWriteLock", "AsyncRedLock", "AsyncRLock", "AsyncSemaphore", "AsyncWriteLock",
+           "AsyncRateLimiter", "AsyncReadWriteLock", "AsyncRedLock", "AsyncRLock", "AsyncSemaphore",
+           "AsyncWriteLock",
            "CountDownLatch", "FairLock", "FencedLock", "LockBusy", "LockError",
            "LockNotOwnedError", "LockNotSyncedError", "LockReentryError", "MultiLock",
-           "MultiLockError", "NonReentrantLock", "PermitExpirableSemaphore", "ReadLock",
+           "MultiLockError", "NonReentrantLock", "PermitExpirableSemaphore", "RateLimited",
+           "RateLimiter", "RateLimiterError", "ReadLock",
            "ReadWriteLock", "RedLock", "RLock", "Semaphore", "WriteLock"]
