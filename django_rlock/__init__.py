@@ -16,6 +16,7 @@ from .engine import (
     AsyncMultiLock,
     AsyncNonReentrantLock,
     AsyncPermitExpirableSemaphore,
+    AsyncRateLimiter,
     AsyncReadLock,
     AsyncReadWriteLock,
     AsyncRedLock,
@@ -34,6 +35,8 @@ from .engine import (
     MultiLockError,
     NonReentrantLock,
     PermitExpirableSemaphore,
+    RateLimited,
+    RateLimiter,
     ReadLock,
     ReadWriteLock,
     RedLock,
@@ -47,14 +50,17 @@ __version__ = "0.1.0"
 #: Django-facing names, imported on first use: name -> module.
 _LAZY = {"get_lock": "factory", "get_semaphore": "factory", "get_latch": "factory",
          "locked": "decorators", "limited": "limits", "fenced_update": "fencing",
-         "afenced_update": "fencing"}
+         "afenced_update": "fencing", "rate_limited": "ratelimits",
+         "get_rate_limiter": "ratelimits"}
 
 __all__ = ["AsyncCountDownLatch", "AsyncFairLock", "AsyncFencedLock", "AsyncMultiLock",
-           "AsyncNonReentrantLock", "AsyncPermitExpirableSemaphore", "AsyncRLock", "AsyncReadLock",
+           "AsyncNonReentrantLock", "AsyncPermitExpirableSemaphore", "AsyncRLock",
+           "AsyncRateLimiter", "AsyncReadLock",
            "AsyncReadWriteLock", "AsyncRedLock", "AsyncSemaphore", "AsyncWriteLock",
            "CountDownLatch", "FairLock", "FencedLock", "LockBusy", "LockError",
            "LockNotOwnedError", "LockNotSyncedError", "LockReentryError", "MultiLock",
            "MultiLockError", "NonReentrantLock", "PermitExpirableSemaphore", "RLock",
+           "RateLimited", "RateLimiter",
            "ReadLock", "ReadWriteLock", "RedLock", "Semaphore", "WriteLock", "__version__",
            *_LAZY]
 

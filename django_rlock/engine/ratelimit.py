@@ -137,6 +137,8 @@ class RateLimiterBase(Named):
         #: The rate this object last saw (its own set_rate, or any reply): permits above it
         #: are refused before any command.
         self._rate: int | None = None
+        #: ``(rate, interval seconds)`` as the last reply said (``seen_rate``).
+        self._seen: tuple[int, float] | None = None
         #: ``rate=``: set by the first attempt that finds none (no extra round trip).
         self._default: tuple[Any, ...] = ("", "", "")
         if rate is not None:
@@ -192,21 +194,28 @@ class RateLimiterBase(Named):
         return RateLimiterError(f"{n} permits at once is more than the rate of {rate} "
                                 f"({self._WHAT} {self.name!r})", self.name)
 
+    @property
+    def seen_rate(self) -> tuple[int, float] | None:
+        """``(permits, interval seconds)`` as the server last said (None: not asked yet)."""
+        return self._seen
+
     def _grant(self, reply: Any, n: int) -> Grant:
-        code, x, available, rate = (int(v) for v in reply[:4])
+        code, x, available, rate, interval = (int(v) for v in reply[:5])
         if code < 0:
             raise self._refused(code, rate, n)
         self._rate = rate
+        self._seen = (rate, interval / 1000.0)
         gid = reply[5].decode() if isinstance(reply[5], bytes) else str(reply[5])
         if code == GRANTED:
             return Grant(True, x / 1e6, 0.0, available, code, gid)
         return Grant(False, None, x / 1e6, available, code)
 
     def _peeked(self, reply: Any, n: int) -> tuple[float, int]:
-        code, wait, available, rate = (int(v) for v in reply[:4])
+        code, wait, available, rate, interval = (int(v) for v in reply[:5])
         if code < 0:
             raise self._refused(code, rate, n)
         self._rate = rate
+        self._seen = (rate, interval / 1000.0)
         return wait / 1e6, available
 
     def _attempt_args(self, n: int, token: str, budget: float | None) -> tuple[Any, ...]:
