@@ -98,7 +98,7 @@ class AsyncRateLimiter(RateLimiterBase):
 
         try:
             await waiting.await_(self._wait(), attempt, self._left(deadline),
-                                 park_until=time.monotonic() + min(g.retry_after, self._RECHECK))
+                                 park_until=time.monotonic() + min(g.retry_after + 0.001, self._RECHECK))
         finally:
             if not last[0].granted and last[0].code == REFUSED:
                 await asyncio.shield(self._leave(f"{token}|{n}", "", n))

@@ -229,7 +229,8 @@ class RateLimiterBase(Named):
         (out of line: not within the budget) until the budget ends, for the last try."""
         if g.code == BEYOND and deadline is not None:
             return max(0, math.ceil((deadline - time.monotonic()) * 1000))
-        return self._bound(math.ceil(g.retry_after * 1000))
+        # +1 ms: the client's clock may run a hair ahead of the server's over a short sleep.
+        return self._bound(math.ceil(g.retry_after * 1000) + 1)
 
     @staticmethod
     def _left(deadline: float | None) -> float | None:
@@ -313,7 +314,7 @@ class RateLimiter(RateLimiterBase):
 
         try:
             waiting.wait(self._wait(), attempt, self._left(deadline),
-                         park_until=time.monotonic() + min(g.retry_after, self._RECHECK))
+                         park_until=time.monotonic() + min(g.retry_after + 0.001, self._RECHECK))
         finally:
             if not last[0].granted and last[0].code == REFUSED:
                 self._leave(f"{token}|{n}", "", n)

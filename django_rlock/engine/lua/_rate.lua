@@ -70,10 +70,19 @@ local function rate_ahead(member, write)
   return ahead
 end
 
--- Microseconds until `need` more permits are free: the grant whose expiry frees the last of
--- them, walked from the oldest. Grants not made yet are made now at the earliest, so a need
--- beyond the window's grants is one interval away.
-local function rate_wait(interval, need)
+-- Microseconds until a caller whose last permit is the `pos`-th to be handed out (the permits
+-- asked for by the waiters ahead, plus its own) could have it, if every permit is taken as soon
+-- as it frees: the permits free now come first, then the window's grants as they expire (walked
+-- from the oldest), then the same again an interval later for each full round of `rate`.
+local function rate_wait(rate, interval, available, pos)
+  local a = math.max(available, 0)
+  local round = math.floor((pos - 1) / rate)
+  local r = (pos - 1) % rate
+  if r < a then
+    if round == 0 then return 0 end
+    return (now_ms + 1 + round * interval) * 1000 - now_us
+  end
+  local need = r - a + 1
   local got = redis.call('zrangebyscore', KEYS[3], ms(now_ms - interval), '+inf',
                          'withscores', 'limit', 0, need)
   local freed = 0
@@ -81,10 +90,10 @@ local function rate_wait(interval, need)
     local _, p = struct.unpack('Bc0I', got[i])
     freed = freed + p
     if freed >= need then
-      return (tonumber(got[i + 1]) + interval + 1) * 1000 - now_us
+      return (tonumber(got[i + 1]) + interval + 1 + round * interval) * 1000 - now_us
     end
   end
-  return (now_ms + interval + 1) * 1000 - now_us
+  return (now_ms + 1 + (round + 1) * interval) * 1000 - now_us
 end
 
 -- Redisson's expiry rule: keepAliveTime > 0 sets every key's TTL to it; else the keys follow

@@ -47,7 +47,7 @@ if available - ahead >= n then
   rate_touch()
   return {1, now_us, available - n, rate, interval, id}
 end
-local wait = rate_wait(interval, ahead + n - available)
+local wait = rate_wait(rate, interval, available, ahead + n)
 local budget = tonumber(ARGV[4])
 if budget >= 0 and wait > budget * 1000 then
   if member then

@@ -14,5 +14,5 @@ if n > rate then return {-3, 0, 0, rate, interval, 0} end
 local available = rate_available(rate, interval, false)
 local ahead = rate_ahead(false, false)
 local wait = 0
-if available - ahead < n then wait = rate_wait(interval, ahead + n - available) end
+if available - ahead < n then wait = rate_wait(rate, interval, available, ahead + n) end
 return {1, wait, available, rate, interval, ahead}
