@@ -39,9 +39,11 @@ from .wait import loop as waiting
 from .wait.channel import wake_all
 
 # KEYS, ARGV and the reply: in each file's header (``lua/rate_*.lua``, ``lua/_rate.lua``).
-RATE_ACQUIRE_SCRIPT = Script(source("rate_acquire"))
-RATE_PEEK_SCRIPT = Script(source("rate_peek"))
-RATE_SET_SCRIPT = Script(source("rate_set"))
+#: Milliseconds added per round of grants not made yet to a wait counted on them (lua/_rate).
+LATE_MS = 5
+RATE_ACQUIRE_SCRIPT = Script(source("rate_acquire", LATE_MS=LATE_MS))
+RATE_PEEK_SCRIPT = Script(source("rate_peek", LATE_MS=LATE_MS))
+RATE_SET_SCRIPT = Script(source("rate_set", LATE_MS=LATE_MS))
 RATE_RESET_SCRIPT = Script(source("rate_reset"))
 RATE_LEAVE_SCRIPT = Script(source("rate_leave"))
 

@@ -74,13 +74,15 @@ end
 -- asked for by the waiters ahead, plus its own) could have it, if every permit is taken as soon
 -- as it frees: the permits free now come first, then the window's grants as they expire (walked
 -- from the oldest), then the same again an interval later for each full round of `rate`.
+-- A grant of a later round is not made yet: its taker wakes a little late, so each round adds
+-- {{LATE_MS}} ms, or the waiter counting on it would wake too soon and need one more attempt.
 local function rate_wait(rate, interval, available, pos)
   local a = math.max(available, 0)
   local round = math.floor((pos - 1) / rate)
   local r = (pos - 1) % rate
   if r < a then
     if round == 0 then return 0 end
-    return (now_ms + 1 + round * interval) * 1000 - now_us
+    return (now_ms + 1 + round * (interval + {{LATE_MS}})) * 1000 - now_us
   end
   local need = r - a + 1
   local got = redis.call('zrangebyscore', KEYS[3], ms(now_ms - interval), '+inf',
@@ -90,10 +92,11 @@ local function rate_wait(rate, interval, available, pos)
     local _, p = struct.unpack('Bc0I', got[i])
     freed = freed + p
     if freed >= need then
-      return (tonumber(got[i + 1]) + interval + 1 + round * interval) * 1000 - now_us
+      return (tonumber(got[i + 1]) + interval + 1 + round * (interval + {{LATE_MS}})) * 1000
+             - now_us
     end
   end
-  return (now_ms + 1 + (round + 1) * interval) * 1000 - now_us
+  return (now_ms + 1 + (round + 1) * (interval + {{LATE_MS}})) * 1000 - now_us
 end
 
 -- Redisson's expiry rule: keepAliveTime > 0 sets every key's TTL to it; else the keys follow
