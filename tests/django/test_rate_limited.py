@@ -233,3 +233,37 @@ def test_retry_after_matches_the_engine(db1):
     left = get_rate_limiter("m").time_until_available()
     assert int(resp["Retry-After"]) == math.ceil(left) == 3
 
+
+
+def test_engine_command_and_admin_force_unlock_a_limiter_alike(admin_client, redis_server):
+    """One force-unlock meaning (docs/django.md's table): the budget reset, the rate kept."""
+    from django.urls import reverse
+
+    from tests.django.test_force_meaning import snapshot
+
+    db = redis_server.client(db=1)
+
+    def by_engine() -> None:
+        assert get_rate_limiter("forced").force_unlock()
+
+    def by_command() -> None:
+        call_command("locks", "clear", "forced", "--no-input", stdout=StringIO(),
+                     stderr=StringIO())
+
+    def by_admin() -> None:
+        url = reverse("admin:django_rlock_lock_force_unlock", args=["forced"])
+        assert admin_client.post(url).status_code == 302
+
+    states = []
+    for way in (by_engine, by_command, by_admin):
+        db.flushdb()
+        rl = get_rate_limiter("forced", rate="5/m")
+        assert rl.try_acquire(5)
+        way()
+        state = snapshot(db)
+        state.pop(b"rlock-index:" + KEY.encode(), None)  # its time differs run to run
+        states.append(state)
+        assert rl.available_permits() == 5 and rl.get_rate() == (5, 60.0)
+    db.close()
+    assert states[0] == states[1] == states[2]
+    assert set(states[0]) == {(KEY + "forced").encode()}  # the settings hash alone
