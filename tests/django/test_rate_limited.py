@@ -235,6 +235,7 @@ def test_retry_after_matches_the_engine(db1):
 
 
 
+@pytest.mark.urls("testproject.urls")
 def test_engine_command_and_admin_force_unlock_a_limiter_alike(admin_client, redis_server):
     """One force-unlock meaning (docs/django.md's table): the budget reset, the rate kept."""
     from django.urls import reverse

@@ -6,14 +6,16 @@
 -- "<token>|<permits>" -> arrival in us), KEYS[5] `{key}:rlock_line_timeout` (the same
 -- members -> the ms after which the waiter is dropped).
 --
--- A grant scored S counts while now <= S + interval, so no interval (closed at both ends) ever
--- holds more than `rate` permits; Redisson frees it at now = S + interval already.
+-- Scores are ms with the microseconds as a fraction (Redisson's clients write whole ms; both
+-- read alike). A grant scored S counts while now <= S + interval, so no interval (closed at
+-- both ends) ever holds more than `rate` permits; Redisson frees it at now = S + interval
+-- already. Numbers go to Redis through `ms()`: Lua would write them with 14 digits.
 
 local t = redis.call('time')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local now_ms = math.floor(now_us / 1000)
+local now_ms = now_us / 1000
 
-local function ms(x) return string.format('%.0f', x) end
+local function ms(x) return string.format('%.3f', x) end
 
 local function permits_of(members)
   local n = 0
@@ -70,7 +72,7 @@ local function rate_ahead(member, write)
   return ahead
 end
 
--- Microseconds until a caller whose last permit is the `pos`-th to be handed out (the permits
+-- Microseconds (+2: a grant frees just *after* its interval) until a caller whose last permit is the `pos`-th to be handed out (the permits
 -- asked for by the waiters ahead, plus its own) could have it, if every permit is taken as soon
 -- as it frees: the permits free now come first, then the window's grants as they expire (walked
 -- from the oldest), then the same again an interval later for each full round of `rate`.
@@ -82,7 +84,7 @@ local function rate_wait(rate, interval, available, pos)
   local r = (pos - 1) % rate
   if r < a then
     if round == 0 then return 0 end
-    return (now_ms + 1 + round * (interval + {{LATE_MS}})) * 1000 - now_us
+    return (now_ms + round * (interval + {{LATE_MS}})) * 1000 + 2 - now_us
   end
   local need = r - a + 1
   local got = redis.call('zrangebyscore', KEYS[3], ms(now_ms - interval), '+inf',
@@ -92,11 +94,11 @@ local function rate_wait(rate, interval, available, pos)
     local _, p = struct.unpack('Bc0I', got[i])
     freed = freed + p
     if freed >= need then
-      return (tonumber(got[i + 1]) + interval + 1 + round * (interval + {{LATE_MS}})) * 1000
+      return (tonumber(got[i + 1]) + interval + round * (interval + {{LATE_MS}})) * 1000 + 2
              - now_us
     end
   end
-  return (now_ms + 1 + (round + 1) * (interval + {{LATE_MS}})) * 1000 - now_us
+  return (now_ms + (round + 1) * (interval + {{LATE_MS}})) * 1000 + 2 - now_us
 end
 
 -- Redisson's expiry rule: keepAliveTime > 0 sets every key's TTL to it; else the keys follow

@@ -38,7 +38,7 @@ if available - ahead >= n then
     id = ARGV[2] .. '.' .. k
     grant = struct.pack('Bc0I', string.len(id), id, n)
   end
-  redis.call('zadd', KEYS[3], now_ms, grant)
+  redis.call('zadd', KEYS[3], ms(now_ms), grant)
   redis.call('set', KEYS[2], available - n)
   if member then
     redis.call('zrem', KEYS[4], member)
@@ -59,8 +59,9 @@ end
 if member then
   local keep = tonumber(ARGV[5])
   local recheck = tonumber(ARGV[6])
-  redis.call('zadd', KEYS[4], 'NX', now_us, member)
-  redis.call('zadd', KEYS[5], now_ms + math.min(math.ceil(wait / 1000), recheck) + keep, member)
+  redis.call('zadd', KEYS[4], 'NX', ms(now_us), member)
+  redis.call('zadd', KEYS[5], ms(now_ms + math.min(math.ceil(wait / 1000), recheck) + keep),
+             member)
   redis.call('pexpire', KEYS[4], recheck + keep + 1000)
   redis.call('pexpire', KEYS[5], recheck + keep + 1000)
 end
