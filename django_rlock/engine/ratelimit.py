@@ -4,7 +4,8 @@ Redisson's layout, so a Java or Node Redisson client on the same name draws from
 budget: the hash ``<key>`` (``rate``, ``interval`` in ms, ``type`` 0 = OVERALL,
 ``keepAliveTime``), the counter ``{<key>}:value`` (permits left) and the zset
 ``{<key>}:permits`` of grants (member ``struct.pack('Bc0I', #id, id, permits)``, score: the
-grant's server time in ms, with the microseconds as a fraction). Where Redisson is wrong, ours differs (docs/engine.md, "Rate limiter"):
+grant's server time in ms, with the microseconds as a fraction). Where Redisson is wrong,
+ours differs (docs/engine.md, "Rate limiter"):
 every time is the server's (``TIME`` in the script, not each client's clock), a grant counts
 until its interval has fully passed (no window holds more than ``rate``), ``set_rate`` keeps the
 window's grants, two grants with the same id never overwrite each other, ``permits > rate`` is
