@@ -255,6 +255,9 @@ def test_engine_command_and_admin_force_unlock_a_limiter_alike(admin_client, red
         url = reverse("admin:django_rlock_lock_force_unlock", args=["forced"])
         assert admin_client.post(url).status_code == 302
 
+    get_rate_limiter("forced", rate="5/m").try_acquire(2)
+    html = admin_client.get(reverse("admin:django_rlock_lock_changelist")).content.decode()
+    assert "forced" in html and "rate" in html and "3/5 per 60s available" in html
     states = []
     for way in (by_engine, by_command, by_admin):
         db.flushdb()
