@@ -163,9 +163,23 @@ def test_rate_given_on_the_object_is_set_by_the_first_attempt(r):
     assert r.hgetall("per-user:7")[b"rate"] == b"2"
     assert 89_000 < r.pttl("per-user:7") <= 90_000
     assert 89_000 < r.pttl("{per-user:7}:permits") <= 90_000
+    assert 89_000 < r.pttl("{per-user:7}:value") <= 90_000
     RateLimiter(r, "per-user:7").set_rate(5, 60)  # someone else's rate stands
     assert RateLimiter(r, "per-user:7", rate="2/m").attempt().available == 3
     assert r.pttl("per-user:7") == -1  # set_rate without keep_alive: kept until deleted
+
+
+def test_keep_alive_keys_never_outlive_the_limiter(r):
+    """Every key of a limiter with a keepAliveTime keeps a TTL, whichever script wrote it last
+    (a counter rewritten by a refusal, or made anew after it was lost)."""
+    rl = RateLimiter(r, "ka", rate=(2, 0.2), keep_alive=5)
+    assert rl.try_acquire(2)
+    time.sleep(0.25)  # both grants expire: the next attempt rewrites the counter
+    assert rl.try_acquire(2) and not rl.try_acquire()
+    r.delete("{ka}:value")
+    assert not rl.try_acquire()  # refused, the counter recounted and made anew
+    for key in ("ka", "{ka}:value", "{ka}:permits"):
+        assert 0 < r.pttl(key) <= 5000, key
 
 
 # -- bad input: raised before any command ---------------------------------------------------------

@@ -34,6 +34,23 @@ local function rate_conf()
   return tonumber(c[1]), tonumber(c[2])
 end
 
+-- Redisson's expiry rule: keepAliveTime > 0 sets every key's TTL to it; else the keys follow
+-- the hash's own TTL if it has one.
+local function rate_touch()
+  local keep = tonumber(redis.call('hget', KEYS[1], 'keepAliveTime') or '0') or 0
+  if keep > 0 then
+    redis.call('pexpire', KEYS[1], keep)
+    redis.call('pexpire', KEYS[2], keep)
+    redis.call('pexpire', KEYS[3], keep)
+  else
+    local ttl = redis.call('pttl', KEYS[1])
+    if ttl > 0 then
+      redis.call('pexpire', KEYS[2], ttl)
+      redis.call('pexpire', KEYS[3], ttl)
+    end
+  end
+end
+
 -- The permits left now (may be < 0 after the rate was lowered). With `write`, expired grants
 -- are dropped and the counter stored. A counter that is missing or out of step (above the
 -- rate) is recounted from the grants in the window, where Redisson would reset it to `rate`.
@@ -43,11 +60,13 @@ local function rate_available(rate, interval, write)
   local value = redis.call('get', KEYS[2])
   local available = value and (tonumber(value) + permits_of(expired))
   if not available or available > rate then
-    available = rate - permits_of(redis.call('zrangebyscore', KEYS[3], ms(now_ms - interval), '+inf'))
+    local live = redis.call('zrangebyscore', KEYS[3], ms(now_ms - interval), '+inf')
+    available = rate - permits_of(live)
   end
   if write and (#expired > 0 or not value or tonumber(value) ~= available) then
     if #expired > 0 then redis.call('zremrangebyscore', KEYS[3], '-inf', edge) end
-    redis.call('set', KEYS[2], available)
+    redis.call('set', KEYS[2], available, 'KEEPTTL')
+    if not value then rate_touch() end  -- a new counter gets the others' TTL
   end
   return available
 end
@@ -72,12 +91,13 @@ local function rate_ahead(member, write)
   return ahead
 end
 
--- Microseconds (+2: a grant frees just *after* its interval) until a caller whose last permit is the `pos`-th to be handed out (the permits
--- asked for by the waiters ahead, plus its own) could have it, if every permit is taken as soon
--- as it frees: the permits free now come first, then the window's grants as they expire (walked
--- from the oldest), then the same again an interval later for each full round of `rate`.
--- A grant of a later round is not made yet: its taker wakes a little late, so each round adds
--- {{LATE_MS}} ms, or the waiter counting on it would wake too soon and need one more attempt.
+-- Microseconds until a caller whose last permit is the `pos`-th to be handed out (the permits
+-- asked for by the waiters ahead, plus its own) could have it (+2 us: a grant frees just
+-- *after* its interval), if every permit is taken as soon as it frees: the permits free now
+-- come first, then the window's grants as they expire (walked from the oldest), then the same
+-- again an interval later for each full round of `rate`. A grant of a later round is not made
+-- yet: its taker wakes a little late, so each round adds {{LATE_MS}} ms, or the waiter
+-- counting on it would wake too soon and need one more attempt.
 local function rate_wait(rate, interval, available, pos)
   local a = math.max(available, 0)
   local round = math.floor((pos - 1) / rate)
@@ -99,21 +119,4 @@ local function rate_wait(rate, interval, available, pos)
     end
   end
   return (now_ms + (round + 1) * (interval + {{LATE_MS}})) * 1000 + 2 - now_us
-end
-
--- Redisson's expiry rule: keepAliveTime > 0 sets every key's TTL to it; else the keys follow
--- the hash's own TTL if it has one.
-local function rate_touch()
-  local keep = tonumber(redis.call('hget', KEYS[1], 'keepAliveTime') or '0') or 0
-  if keep > 0 then
-    redis.call('pexpire', KEYS[1], keep)
-    redis.call('pexpire', KEYS[2], keep)
-    redis.call('pexpire', KEYS[3], keep)
-  else
-    local ttl = redis.call('pttl', KEYS[1])
-    if ttl > 0 then
-      redis.call('pexpire', KEYS[2], ttl)
-      redis.call('pexpire', KEYS[3], ttl)
-    end
-  end
 end

@@ -39,7 +39,7 @@ if available - ahead >= n then
     grant = struct.pack('Bc0I', string.len(id), id, n)
   end
   redis.call('zadd', KEYS[3], ms(now_ms), grant)
-  redis.call('set', KEYS[2], available - n)
+  redis.call('set', KEYS[2], available - n, 'KEEPTTL')
   if member then
     redis.call('zrem', KEYS[4], member)
     redis.call('zrem', KEYS[5], member)

@@ -20,7 +20,7 @@ if old and old ~= '0' then redis.call('del', KEYS[2], KEYS[3]) end
 local rate, interval = tonumber(ARGV[1]), tonumber(ARGV[2])
 local edge = '(' .. ms(now_ms - interval)
 redis.call('zremrangebyscore', KEYS[3], '-inf', edge)
-redis.call('set', KEYS[2], rate - permits_of(redis.call('zrange', KEYS[3], 0, -1)))
+redis.call('set', KEYS[2], rate - permits_of(redis.call('zrange', KEYS[3], 0, -1)), 'KEEPTTL')
 rate_touch()
 redis.call('publish', ARGV[4], '1')
 return 1
