@@ -130,6 +130,10 @@ class RateLimiterBase(Named):
 
     _WHAT = "rate limiter"
     _WAKES = staticmethod(wake_all)
+    #: Longest park (seconds) before a waiter asks again. Nothing but ``set_rate`` and a
+    #: force-unlock (which publish) changes a wait the server computed, so this only bounds
+    #: what a message lost over a reconnect costs; long waits are not polled every 5 s.
+    _RECHECK = 30.0
 
     def __init__(self, client: Any, name: str, prefix: str = "", *, rate: Any = None,
                  keep_alive: float | None = None, aio: bool = False,
