@@ -92,7 +92,8 @@ def turned_away(spec: LockSpec, lock: Any, ttl: float | None) -> LockBusy:
     (``lock_busy`` signal, metrics)."""
     if events.listeners:
         events.emit("busy", name=lock.name, key=lock.key, label=spec.label, ttl=ttl)
-    return LockBusy(spec.busy_text(lock.name, ttl), lock.name, ttl)
+    error = getattr(spec, "busy_error", LockBusy)  # a LockBusy subclass (RateLimited)
+    return error(spec.busy_text(lock.name, ttl), lock.name, ttl)
 
 
 def holders_of(lock: Any, client: Any = None) -> str:
