@@ -6,7 +6,9 @@ engine event's (see ``django_rlock.engine.events``):
 
 - ``lock_acquired``: ``owner``, ``wait``, ``lease``.
 - ``lock_released``: ``owner``, ``held``, ``reason`` (``"unlock"`` or ``"owner ended"``).
-- ``lock_lost``: ``owner``, ``held``, ``how``.
+- ``lock_lost``: ``owner``, ``held``, ``how``, ``reason`` (``"max_hold"``, ``"expired"``, ...).
+- ``lock_held_long``: ``owner``, ``held``, ``threshold``: held longer than ``warn_held_after``
+  (once per hold).
 - ``lock_busy``: ``ttl``: a ``@locked`` call turned away.
 - ``lock_force_unlocked``: ``deleted``, and ``user``: the admin user, or ``None`` (the
   ``locks clear`` command, or code calling ``force_unlock()``).
@@ -37,6 +39,7 @@ lock_released = Signal()
 lock_lost = Signal()
 lock_busy = Signal()
 lock_force_unlocked = Signal()
+lock_held_long = Signal()
 
 _SIGNALS = {
     "acquired": lock_acquired,
@@ -44,6 +47,7 @@ _SIGNALS = {
     "lost": lock_lost,
     "busy": lock_busy,
     "force_unlocked": lock_force_unlocked,
+    "held_long": lock_held_long,
 }
 
 _user: contextvars.ContextVar[Any] = contextvars.ContextVar("django_rlock_force_user", default=None)
