@@ -327,7 +327,7 @@ class AsyncRLock(LockBase):
             return False
         r = await asyncio.shield(acall_once(
             self._client, leases.LEASE_OUT_SCRIPT, (self.key, self._channel, self._release_keys[2]),
-            (k[2], leases.lease_field(k[2], self._owner()), ms, UNLOCK_MESSAGE)))
+            (k[2], leases.lease_field(k[2], self._owner()), ms, leases.message_of(self))))
         return leases.booked(watchdog(), k, hold, r, self.name, self.key, self.label)
 
     def _book(self, plan: Any, fut: asyncio.Future[Any]) -> None:

@@ -5,7 +5,9 @@ The owner's field is replaced by a lease field (``<process uuid>~lease:<serial>`
 kind's suffix: ``:write``), so nobody can re-enter, release or renew it (not even the same
 thread: its next acquire finds the lock held), and the key's TTL is set to the rest of the
 window; the key then expires on the server's clock whatever any host's clock says. Waiters
-parked on a longer TTL are woken to read the new one.
+parked on a longer TTL are woken to read the new one (on the lock's channel: a fair lock's
+queued waiters, each on a channel of its own, are not, and look again at the TTL they read,
+at most ``watchdog_timeout`` later).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from . import events
 from .base import check_seconds
 from .errors import LockNotOwnedError
 from .lua import Script, source
+from .naming import UNLOCK_MESSAGE
 
 LEASE_OUT_SCRIPT = Script(source("lease_out"))
 
@@ -29,6 +32,12 @@ def lease_field(field: str, owner: str) -> str:
     """The lease's hash field for an owner's ``field`` (which starts with ``owner``)."""
     process, _, serial = owner.rpartition(":")
     return f"{process}{LEASE_MARK}:{serial}{field[len(owner):]}"
+
+
+def message_of(lock: Any) -> str:
+    """What a release of ``lock``'s kind publishes (a read-write lock's ``_MESSAGE``, else
+    Redisson's ``0``): the lease's wake-up says the same to its waiters."""
+    return str(getattr(type(lock), "_MESSAGE", UNLOCK_MESSAGE))
 
 
 def lease_ms(seconds: Any, name: str) -> int:

@@ -285,7 +285,8 @@ class RLock(LockBase):
             return False
         r = call_once(self._client, leases.LEASE_OUT_SCRIPT,
                       (self.key, self._channel, self._release_keys[2]),
-                      (k[2], leases.lease_field(k[2], self._owner()), ms, UNLOCK_MESSAGE))
+                      (k[2], leases.lease_field(k[2], self._owner()), ms,
+                       leases.message_of(self)))
         return leases.booked(watchdog(), k, hold, r, self.name, self.key, self.label)
 
     def force_unlock(self) -> bool:

@@ -207,3 +207,26 @@ def test_a_reentrant_hold_is_never_turned_into_a_lease(r):
     assert lock.hold_count() == 1 and r.pttl("re") > 5000
     lock.unlock()
     assert not r.exists("re")
+
+
+@pytest.mark.parametrize("kind", ["fenced", "write", "non_reentrant", "fair"])
+def test_every_exclusive_kind_can_leave_a_lease(r, kind):
+    from django_rlock.engine.listing import Locks
+    from django_rlock.lockkinds import lock_of_kind
+
+    lock = lock_of_kind(kind, r, f"k-{kind}", "")
+    assert lock.try_lock()
+    assert lock.release_as_lease(1.0) is True
+    fields = [f.decode() for f in r.hgetall(f"k-{kind}") if f != b"mode"]
+    assert len(fields) == 1 and "~lease:" in fields[0]
+    out: list[bool] = []
+    t = threading.Thread(target=lambda: out.append(lock_of_kind(kind, r, f"k-{kind}", "")
+                                                   .try_lock()))
+    t.start()
+    t.join()
+    assert out == [False] and not lock.try_lock()
+    listed = Locks(r, prefix="").read([f"k-{kind}"])
+    assert len(listed) == 1 and listed[0].holders[0].host is not None  # the index names it
+    time.sleep(1.1)
+    assert lock.try_lock()
+    lock.unlock()
