@@ -81,10 +81,12 @@ def test_a_looping_holder_past_max_hold_loses_the_lock_to_another_process(r, red
         waiter.wait()
 
 
-def test_no_lease_ever_outlives_max_hold(r):
-    """The first lease and every renewal are cut to end by max_hold, so a waiter's park on
-    the PTTL it read never sleeps past it (expiry publishes nothing)."""
-    lock = RLock(r, "cut", watchdog_timeout=3.0, max_hold=2.0)
+@pytest.mark.parametrize("watchdog_timeout", [3.0, 1.0])
+def test_no_lease_ever_outlives_max_hold(r, watchdog_timeout):
+    """The first lease (watchdog 3 s) and every renewal (watchdog 1 s: renewed every 1/3 s)
+    are cut to end by max_hold, so a waiter's park on the PTTL it read never sleeps past it
+    (expiry publishes nothing)."""
+    lock = RLock(r, "cut", watchdog_timeout=watchdog_timeout, max_hold=2.0)
     t0 = time.monotonic()
     lock.lock()
     try:
