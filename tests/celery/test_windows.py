@@ -29,9 +29,10 @@ def start_worker(env: dict[str, str], logfile: Path, skew: float, name: str) -> 
     return proc
 
 
-@pytest.fixture
-def skewed_workers(celery_env: dict[str, str], tmp_path: Path) -> Any:
+@pytest.fixture(scope="module")
+def skewed_workers(celery_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Any:
     env = {**os.environ, **celery_env, "DJANGO_SETTINGS_MODULE": "tests.celery.settings"}
+    tmp_path = tmp_path_factory.mktemp("windows")
     procs = [start_worker(env, tmp_path / "w0.log", 0.0, "w0"),
              start_worker(env, tmp_path / "w3.log", 3.0, "w3")]
     yield procs
@@ -67,3 +68,19 @@ def test_hold_at_least_runs_once_per_window_on_workers_with_skewed_clocks(
     # Once per window: never two runs within 5 s of each other, and the next one as soon as
     # the window is over (a task comes every 0.5 s).
     assert all(5.0 <= g <= 6.5 for g in gaps), gaps
+
+
+def test_a_deduped_task_s_mark_goes_but_its_window_stays(celery_app, skewed_workers, locks, log):
+    """``dedupe=True`` with ``hold_at_least``: the mark is released when the run ends (an
+    identical task may be enqueued again), the lock stays for the window (that task is
+    turned away: skipped)."""
+    from tests.celery.window_tasks import windowed_dedupe
+
+    wait_for(lambda: len(celery_app.control.ping(timeout=0.5) or []) >= 2, timeout=60, step=0.2)
+    send = windowed_dedupe.apply_async  # LockedTask's: the mark is taken when enqueueing
+    assert send(("a",), queue="windows").get(timeout=30) == "ran"
+    assert not [k for k in locks.keys("ct:rlock:dedupe:*")]  # the mark is gone
+    assert 0 < locks.pttl("ct:rlock:wdd:a") <= 3000  # the window is not
+    again = send(("a",), queue="windows")
+    assert again.get(timeout=30) is None  # enqueued (no mark), run, turned away by the lock
+    assert log.llen("log:wdd:a") == 1
