@@ -111,12 +111,16 @@ class Watchdog:
                     hold.renew_key = kind.renew_key
                     hold.end_script = kind.end_script
                     hold.end_args = kind.end_args
+                # Windows count from the acquire's send, the earliest the hold can have begun
+                # (never longer than asked); a grant's ``since`` is when its wait began, long
+                # before it held: from when it is booked.
+                start = now if grant_ms is not None else base
                 if max_hold:
                     hold.max_hold = max_hold
-                    hold.deadline = base + max_hold
+                    hold.deadline = start + max_hold
                 if warn_after:
                     hold.warn_after = warn_after
-                    hold.warn_at = base + warn_after
+                    hold.warn_at = start + warn_after
                 self._holds[k] = hold
                 self._lost.pop(k, None)
             elif max_hold and hold.since + max_hold < hold.deadline:

@@ -81,6 +81,27 @@ def test_a_looping_holder_past_max_hold_loses_the_lock_to_another_process(r, red
         waiter.wait()
 
 
+def test_a_grant_after_a_long_wait_counts_max_hold_from_the_grant(r, redis_server):
+    """A waiter in another process granted the lock after waiting longer than its max_hold
+    holds it for max_hold from the grant, not from when it began to wait."""
+    waiter = subprocess.Popen([sys.executable, "-m", "tests.engine._windows_proc",
+                               redis_server.socket, "gr", "1.5"], cwd=ROOT,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert waiter.stdout.readline().strip() == "ready"
+        lock = RLock(r, "gr", watchdog_timeout=3.0)
+        lock.lock()
+        waiter.stdin.write("go\n")
+        waiter.stdin.flush()
+        time.sleep(2.5)  # it waits longer than its max_hold
+        lock.unlock()  # grants it the lock
+        line = waiter.stdout.readline().split()
+        assert line[0] == "got" and line[2] == "False", line
+    finally:
+        waiter.kill()
+        waiter.wait()
+
+
 @pytest.mark.parametrize("watchdog_timeout", [3.0, 1.0])
 def test_no_lease_ever_outlives_max_hold(r, watchdog_timeout):
     """The first lease (watchdog 3 s) and every renewal (watchdog 1 s: renewed every 1/3 s)
