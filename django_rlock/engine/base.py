@@ -202,7 +202,7 @@ class LockBase(releasing.Releasing, SlotBound):
             # A lease taken inside a watchdog-mode hold must not cut the key's TTL short.
             ms = max(lease_ms, hold.lease_ms) if hold is not None and hold.renew else lease_ms
         if hold is not None:  # a reentry never sets a lease past the hold's max_hold
-            ms = hold.cap(ms, time.monotonic())
+            ms = hold.cap(ms)
         # An owner that holds nothing here is never counted on top of a field of its in Redis:
         # that is a grant to a wait of its that ended without taking it (invariant 32).
         return (ms, k[2], self._info(k[2]), "claim" if claim else "" if hold else "fresh")

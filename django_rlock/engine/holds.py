@@ -106,10 +106,13 @@ class Hold:
         self.next_slack = 0.0
         self.reason = ""            # why it was lost (``windows.REASONS``)
 
-    def cap(self, ms: int, now: float) -> int:
-        """A lease of ``ms`` set at ``now``, cut so it ends by the hold's ``max_hold``."""
+    def cap(self, ms: int, now: float | None = None) -> int:
+        """A lease of ``ms`` set at ``now`` (default: now), cut so it ends by the hold's
+        ``max_hold``. Without one: ``ms``, and not even a clock read."""
         if self.deadline == INF:
             return ms
+        if now is None:
+            now = time.monotonic()
         return max(1, min(ms, int((self.deadline - now) * 1000)))
 
     def alarm_at(self) -> float:

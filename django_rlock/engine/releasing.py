@@ -45,7 +45,7 @@ class Releasing:
         wd = watchdog()
         hold = wd.get(k)
         # A partial release sets the lease in force again: never past the hold's max_hold.
-        plan = Release(k, hold, hold.cap(hold.lease_ms, time.monotonic()) if hold is not None
+        plan = Release(k, hold, hold.cap(hold.lease_ms) if hold is not None
                        else self._watchdog_ms)
         if self._HANDOFF and (hold is None or hold.count <= 1):
             # The final release: maybe hand off, maybe publish.

@@ -380,15 +380,15 @@ class Scheduler:
                 else:
                     self.schedule(h, h.expires_at + 1.0, 0.0)
         for period, same in renewed.items():
-            soon = now + period
-            windowed = [h for h in same if h.warn_at < soon or h.deadline < soon]
-            if windowed:  # due for a window before their next renewal: an entry each
-                for h in windowed:
-                    self.schedule(h, soon, period / 2)
-                same = [h for h in same if h.due < 0]
+            soon, slack = now + period, period / 2
+            together = []
             for h in same:
-                h.next_due, h.next_slack = soon, period / 2
-            self._timeline.add_many(same, soon, period / 2)
+                if h.warn_at < soon or h.deadline < soon:
+                    self.schedule(h, soon, slack)  # a window first: an entry of its own
+                else:
+                    h.next_due, h.next_slack = soon, slack
+                    together.append(h)
+            self._timeline.add_many(together, soon, slack)
         return start, more
 
     def _enqueue(self, h: Any, start: list[Any], routes: dict[int, Any]) -> None:
