@@ -253,3 +253,29 @@ def test_every_exclusive_kind_can_leave_a_lease(r, kind):
     time.sleep(1.1)
     assert lock.try_lock()
     lock.unlock()
+
+
+def test_an_asyncio_hold_honours_max_hold_and_leaves_a_lease(redis_server, r):
+    import asyncio
+
+    import redis.asyncio
+
+    from django_rlock import AsyncRLock
+
+    async def main() -> tuple[bool, str | None, bool, bool]:
+        ar = redis.asyncio.Redis(unix_socket_path=redis_server.socket)
+        try:
+            lock = AsyncRLock(ar, "amh", watchdog_timeout=3.0, max_hold=1.0)
+            await lock.lock()
+            await asyncio.sleep(1.2)
+            lost, reason = lock.is_lost(), lock.lost_reason()
+            window = AsyncRLock(ar, "alease")
+            await window.lock()
+            leased = await window.release_as_lease(2.0)
+            again = await window.try_lock()
+            return lost, reason, leased, again
+        finally:
+            await ar.aclose()
+
+    assert asyncio.run(main()) == (True, "max_hold", True, False)
+    assert not r.exists("amh") and 1500 < r.pttl("alease") <= 2000
