@@ -209,3 +209,9 @@ def test_the_oldest_hold_gauge(settings):
                                          {"lock": "aged:{n}"}) is None
     finally:
         prometheus.uninstall(registry)
+
+
+def test_every_member_of_a_multi_lock_gets_the_windows(settings):
+    settings.RLOCK = {"MAX_HOLD": 60}
+    multi = get_lock("m", cache=["default", "builtin"], warn_held_after=5)
+    assert [(m.max_hold, m.warn_held_after) for m in multi.locks] == [(60, 5), (60, 5)]

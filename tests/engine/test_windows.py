@@ -281,3 +281,11 @@ def test_an_asyncio_hold_honours_max_hold_and_leaves_a_lease(redis_server, r):
 
     assert asyncio.run(main()) == (True, "max_hold", True, False)
     assert not r.exists("amh") and 1500 < r.pttl("alease") <= 2000
+
+
+def test_a_lease_mode_hold_is_warned_about_too(r, seen):
+    lock = RLock(r, "lw", warn_held_after=0.5)
+    lock.lock(lease_time=1.5)
+    time.sleep(0.8)
+    lock.unlock()
+    assert [d["name"] for e, d in seen if e == "held_long"] == ["lw"]
