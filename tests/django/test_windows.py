@@ -59,7 +59,7 @@ def test_warn_held_after_one_warning_and_one_signal_per_hold(settings, received,
     long = [kw for what, kw in received if what == "held_long"]
     assert len(long) == 1
     assert long[0]["name"] == "report:7" and long[0]["label"] == "report:{pk}"
-    assert long[0]["threshold"] == 1.0 and 1.0 <= long[0]["held"] < 1.5
+    assert long[0]["threshold"] == 1.0 and 1.0 <= long[0]["held"] < 2.5
     warnings = [r for r in caplog.records if "warn_held_after" in r.getMessage()]
     assert len(warnings) == 1 and "'report:7'" in warnings[0].getMessage()
 
@@ -91,7 +91,7 @@ def test_hold_at_least_turns_away_every_run_in_the_window(db1):
         runs.append(1)
 
     nightly()
-    assert 1400 <= db1.pttl(PREFIX + "nightly") <= 1500
+    assert 1000 <= db1.pttl(PREFIX + "nightly") <= 1500
     with pytest.raises(LockBusy):  # the same thread too
         nightly()
     time.sleep(1.6)
@@ -135,7 +135,7 @@ def test_an_async_view_keeps_its_window(db1):
     assert asyncio.run(view(request, 1)) == "ok"
     busy = asyncio.run(view(request, 1))
     assert busy.status_code == 423 and int(busy["Retry-After"]) == 2
-    assert 1500 < db1.pttl(PREFIX + "av:1") <= 2000
+    assert 1000 < db1.pttl(PREFIX + "av:1") <= 2000
 
 
 @pytest.mark.django_db(transaction=True)
@@ -150,7 +150,7 @@ def test_in_a_transaction_the_window_counts_from_the_acquire(db1):
         job()
         assert db1.pttl(PREFIX + "tx") > 2000  # held (watchdog) until the commit
         time.sleep(0.5)
-    assert 1300 < db1.pttl(PREFIX + "tx") <= 1500  # what is left of the 2 s
+    assert 1000 < db1.pttl(PREFIX + "tx") <= 1500  # what is left of the 2 s
 
 
 @pytest.mark.parametrize("options, error", [
