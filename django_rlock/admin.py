@@ -45,6 +45,12 @@ def format_lease(seconds: float | None) -> str:
     return "no expiry" if seconds is None else f"{seconds:.1f} s"
 
 
+def held_long(held_for: float | None) -> bool:
+    """Held longer than ``RLOCK["WARN_HELD_AFTER"]`` (never, with it unset)."""
+    after = get_config().get("WARN_HELD_AFTER")
+    return held_for is not None and after is not None and held_for > float(after)
+
+
 def clear_note(kind: str) -> str:
     """What a force-unlock does beyond deleting the key (the confirmation page says it): the
     kind's own word, from the registry."""
@@ -209,6 +215,7 @@ class LockAdmin(admin.ModelAdmin):
     def _row(self, request: HttpRequest, info: LockInfo) -> dict[str, Any]:
         prefix = f"admin:{self.opts.app_label}_{self.opts.model_name}"
         mode = "?scan=1" if self._scan(request) else ""
+        holders = [self._holder(h) for h in info.holders]
         return {
             "name": info.name,
             "key": info.key,
@@ -217,7 +224,9 @@ class LockAdmin(admin.ModelAdmin):
             "details": self._details(info),
             "value": info.value,
             "clear_note": clear_note(info.kind),
-            "holders": [self._holder(h) for h in info.holders],
+            "holders": holders,
+            # Held longer than RLOCK["WARN_HELD_AFTER"]: the row is marked.
+            "held_long": any(h["long"] for h in holders),
             "known": all(h.pid is not None for h in info.holders),
             "fields": sorted(info.fields.items()),
             "ttl": format_ttl(info.ttl),
@@ -255,5 +264,6 @@ class LockAdmin(admin.ModelAdmin):
             "thread": shown(h.thread),
             "os_thread_id": shown(h.os_thread_id),
             "held": empty if h.held_for is None else format_held(h.held_for),
+            "long": held_long(h.held_for),
             "known": h.pid is not None,
         }

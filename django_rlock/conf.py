@@ -28,6 +28,8 @@ class Config(TypedDict):
     SYNC_TIMEOUT: float
     PROMETHEUS: bool
     WAKE_LINES: int
+    MAX_HOLD: float | None
+    WARN_HELD_AFTER: float | None
 
 
 DEFAULTS: Config = {
@@ -57,6 +59,12 @@ DEFAULTS: Config = {
     # release in another process hands them the lock directly; 0: none (grants go through the
     # process's shared subscription).
     "WAKE_LINES": 32,
+    # Seconds after which the watchdog stops renewing any hold of a lock made from these
+    # settings (it expires then, and its holder is told it is lost); None: never.
+    "MAX_HOLD": None,
+    # Seconds after which a hold is logged (one WARNING, one lock_held_long signal) and marked
+    # in the admin; None: never.
+    "WARN_HELD_AFTER": None,
 }
 
 
@@ -121,6 +129,11 @@ def validate(config: Mapping[str, Any]) -> list[str]:
     lines = config["WAKE_LINES"]
     if isinstance(lines, bool) or not isinstance(lines, int) or lines < 0:
         problems.append(f"RLOCK['WAKE_LINES'] must be an int >= 0, got {lines!r}")
+    for key in ("MAX_HOLD", "WARN_HELD_AFTER"):
+        v = config[key]  # type: ignore[literal-required]
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
+                              or not 0 < v < float("inf")):
+            problems.append(f"RLOCK[{key!r}] must be None or a number of seconds > 0, got {v!r}")
     if not isinstance(config["PROMETHEUS"], bool):
         problems.append(f"RLOCK['PROMETHEUS'] must be True or False, got {config['PROMETHEUS']!r}")
     return problems
@@ -129,8 +142,15 @@ def validate(config: Mapping[str, Any]) -> list[str]:
 def lock_options() -> dict[str, Any]:
     """The keyword arguments every lock made from the settings gets."""
     config = get_config()
-    return {"watchdog_timeout": float(config["WATCHDOG_TIMEOUT"]),
-            "sync_replicas": config["SYNC_REPLICAS"], "sync_timeout": float(config["SYNC_TIMEOUT"])}
+    options = {"watchdog_timeout": float(config["WATCHDOG_TIMEOUT"]),
+               "sync_replicas": config["SYNC_REPLICAS"],
+               "sync_timeout": float(config["SYNC_TIMEOUT"])}
+    # Only when set: a kind that has no holds to bound takes no such option.
+    if config["MAX_HOLD"] is not None:
+        options["max_hold"] = config["MAX_HOLD"]
+    if config["WARN_HELD_AFTER"] is not None:
+        options["warn_held_after"] = config["WARN_HELD_AFTER"]
+    return options
 
 
 def apply_wake_lines() -> None:

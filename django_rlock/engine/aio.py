@@ -18,7 +18,7 @@ from typing import Any
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from . import events, identity, replicas
+from . import events, identity, leases, replicas
 from .clients import SlotBound, async_twin, refresh, sync_twin
 from .errors import LockNotOwnedError
 from .kinds import Kind, declare
@@ -51,11 +51,12 @@ class AsyncRLock(LockBase):
     _AIO = True
 
     def __init__(self, client: Any, name: str, prefix: str = "", watchdog_timeout: float = 30.0,
-                 *, on_lost: Callable[[str], Any] | None = None, sync_client: Any = None,
+                 *, on_lost: Callable[..., Any] | None = None, sync_client: Any = None,
                  label: str | None = None, sync_replicas: int | str | None = "auto",
-                 sync_timeout: float = 1.0) -> None:
+                 sync_timeout: float = 1.0, max_hold: float | None = None,
+                 warn_held_after: float | None = None) -> None:
         super().__init__(client, name, prefix, watchdog_timeout, on_lost, label, sync_replicas,
-                         sync_timeout)
+                         sync_timeout, max_hold, warn_held_after)
         if self._cluster is not None:  # the slot master's sync client (``SlotBound._bind``)
             self._sync_client = self._node
         else:
@@ -314,6 +315,20 @@ class AsyncRLock(LockBase):
                              (orphan.owner, orphan.lease_ms, UNLOCK_MESSAGE))
 
     release = unlock
+
+    async def release_as_lease(self, seconds: float) -> bool:
+        """``RLock.release_as_lease`` for asyncio (shielded: a cancellation never leaves the
+        hold both booked and leased)."""
+        ms = leases.lease_ms(seconds, self.name)
+        k = (self._server, self.key, self._field())
+        hold = watchdog().get(k)
+        if not ms or (hold is not None and hold.count > 1):
+            await self.unlock()
+            return False
+        r = await asyncio.shield(acall_once(
+            self._client, leases.LEASE_OUT_SCRIPT, (self.key, self._channel, self._release_keys[2]),
+            (k[2], leases.lease_field(k[2], self._owner()), ms, leases.message_of(self))))
+        return leases.booked(watchdog(), k, hold, r, self.name, self.key, self.label)
 
     def _book(self, plan: Any, fut: asyncio.Future[Any]) -> None:
         if fut.cancelled() or fut.exception() is not None:
