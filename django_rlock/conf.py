@@ -28,6 +28,7 @@ class Config(TypedDict):
     SYNC_TIMEOUT: float
     PROMETHEUS: bool
     WAKE_LINES: int
+    ASYNC_MAX_CONNECTIONS: int | None
 
 
 DEFAULTS: Config = {
@@ -57,6 +58,10 @@ DEFAULTS: Config = {
     # release in another process hands them the lock directly; 0: none (grants go through the
     # process's shared subscription).
     "WAKE_LINES": 32,
+    # Connections of the asyncio pool async views lock on (one per event loop, shared by every
+    # lock on the cache); None: the cache's CONNECTION_POOL_KWARGS max_connections (100 when
+    # unbounded). A call finding them all in use waits for one within its budget.
+    "ASYNC_MAX_CONNECTIONS": None,
 }
 
 
@@ -121,6 +126,9 @@ def validate(config: Mapping[str, Any]) -> list[str]:
     lines = config["WAKE_LINES"]
     if isinstance(lines, bool) or not isinstance(lines, int) or lines < 0:
         problems.append(f"RLOCK['WAKE_LINES'] must be an int >= 0, got {lines!r}")
+    amc = config["ASYNC_MAX_CONNECTIONS"]
+    if amc is not None and (isinstance(amc, bool) or not isinstance(amc, int) or amc < 1):
+        problems.append(f"RLOCK['ASYNC_MAX_CONNECTIONS'] must be None or an int >= 1, got {amc!r}")
     if not isinstance(config["PROMETHEUS"], bool):
         problems.append(f"RLOCK['PROMETHEUS'] must be True or False, got {config['PROMETHEUS']!r}")
     return problems
@@ -147,8 +155,22 @@ def apply_wake_lines() -> None:
         wakeline.ENABLED = n > 0
 
 
+def apply_async_pool() -> None:
+    """``RLOCK["ASYNC_MAX_CONNECTIONS"]`` into the engine (asyncio twins made from now on); a
+    bad value keeps the default (check E003 reports it)."""
+    from .engine import clients
+
+    try:
+        n = get_config()["ASYNC_MAX_CONNECTIONS"]
+    except ImproperlyConfigured:
+        return
+    ok = n is None or (isinstance(n, int) and not isinstance(n, bool) and n >= 1)
+    clients.ASYNC_MAX_CONNECTIONS = n if ok else None
+
+
 @receiver(setting_changed)
 def _reset(*, setting: str, **kwargs: Any) -> None:
     if setting in ("RLOCK", "CACHES"):
         get_config.cache_clear()
         apply_wake_lines()
+        apply_async_pool()
