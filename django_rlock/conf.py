@@ -158,14 +158,14 @@ def apply_wake_lines() -> None:
 def apply_async_pool() -> None:
     """``RLOCK["ASYNC_MAX_CONNECTIONS"]`` into the engine (asyncio twins made from now on); a
     bad value keeps the default (check E003 reports it)."""
-    from .engine import clients
+    from .engine import aiopool
 
     try:
         n = get_config()["ASYNC_MAX_CONNECTIONS"]
     except ImproperlyConfigured:
         return
     ok = n is None or (isinstance(n, int) and not isinstance(n, bool) and n >= 1)
-    clients.ASYNC_MAX_CONNECTIONS = n if ok else None
+    aiopool.ASYNC_MAX_CONNECTIONS = n if ok else None
 
 
 @receiver(setting_changed)

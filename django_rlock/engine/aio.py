@@ -19,7 +19,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import events, identity, replicas
-from .clients import SlotBound, async_twin, refresh, reset_budget, set_budget, sync_twin
+from .aiopool import reset_budget, set_budget
+from .clients import SlotBound, async_twin, refresh, sync_twin
 from .errors import LockNotOwnedError
 from .kinds import Kind, declare
 from .lock import HoldKey, LockBase, RLock, log_masked_release, ttl_seconds
@@ -119,7 +120,7 @@ class AsyncRLock(LockBase):
         """Try for up to ``wait_time`` seconds (0: exactly one attempt)."""
         wait = self._wait_budget(wait_time)
         lease_ms = self._lease_ms(lease_time)
-        # A full pool is waited for within the budget (at least ``clients.POOL_TIMEOUT``).
+        # A full pool is waited for within the budget (at least ``aiopool.POOL_TIMEOUT``).
         budget = set_budget(None if wait is None else time.monotonic() + wait)
         try:
             return await self._acquire(wait, lease_ms)

@@ -7,18 +7,16 @@ async client: same address, database and credentials, its own small pool.
 
 The asyncio twin of a sync client (what ``@locked`` async views send on) has a blocking pool
 (``TwinPool``): a call finding every connection in use waits for one, within its budget,
-instead of failing (invariant 34).
+instead of failing (``aiopool``, invariant 34).
 """
 
 from __future__ import annotations
 
 import asyncio
-import select
 import threading
 import time
 import weakref
 from collections.abc import Callable
-from contextvars import ContextVar, Token
 from typing import Any
 
 import redis
@@ -26,6 +24,7 @@ import redis.asyncio
 import redis.exceptions
 
 from . import identity
+from .aiopool import TwinPool, async_cap
 from .naming import index_key
 
 #: Connection settings that mean the same to the sync and asyncio connection classes.
@@ -230,69 +229,6 @@ def sync_twin(client: Any) -> redis.Redis:
     return twin
 
 
-#: Connections of each asyncio twin's pool (one pool per sync pool and event loop); None: the
-#: sync pool's own ``max_connections`` (the cache's ``CONNECTION_POOL_KWARGS``), or redis-py 8's
-#: default (100) when that is unbounded. The Django app sets it from
-#: ``RLOCK["ASYNC_MAX_CONNECTIONS"]``.
-ASYNC_MAX_CONNECTIONS: int | None = None
-#: The least time (seconds) a call on an asyncio twin waits for a connection when every one is
-#: in use; an acquire whose budget (``try_lock``'s wait) is longer waits that long, ``lock()``
-#: as long as it takes. Past it: a ``ConnectionError`` naming the pool's size.
-POOL_TIMEOUT = 5.0
-
-#: The deadline (monotonic) of the acquire running in this context: ``None`` for ``lock()``
-#: (no end), ``0.0`` outside an acquire (``POOL_TIMEOUT`` applies).
-_budget: ContextVar[float | None] = ContextVar("django_rlock_budget", default=0.0)
-
-
-def set_budget(deadline: float | None) -> Token[float | None]:
-    """The acquire in this context ends at ``deadline`` (None: never): a twin pool's checkout
-    may wait that long for a connection. Undo with ``reset_budget``."""
-    return _budget.set(deadline)
-
-
-def reset_budget(token: Token[float | None]) -> None:
-    _budget.reset(token)
-
-
-def connection_wait() -> float | None:
-    """How long a checkout in this context may wait for a connection (None: without end)."""
-    deadline = _budget.get()
-    if deadline is None:
-        return None
-    return max(POOL_TIMEOUT, deadline - time.monotonic())
-
-
-class TwinPool(redis.asyncio.BlockingConnectionPool):
-    """The asyncio twin's pool: at most ``max_connections`` connections; a checkout with all
-    of them in use waits for one (``connection_wait()``) instead of raising redis-py's
-    ``MaxConnectionsError``, which failed async views under load (issue #23)."""
-
-    def __init__(self, max_connections: int, **kwargs: Any) -> None:
-        super().__init__(max_connections=max_connections, timeout=None, **kwargs)
-
-    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
-        wait = connection_wait()
-        try:
-            async with asyncio.timeout(wait):
-                return await super().get_connection()
-        except TimeoutError as exc:  # asyncio's (the builtin), not redis-py's socket timeout
-            raise redis.exceptions.ConnectionError(
-                f"django-rlock: no connection of the asyncio pool came free within {wait:g} s "
-                f"(all {self.max_connections} in use); raise RLOCK['ASYNC_MAX_CONNECTIONS'] or "
-                f"the cache's CONNECTION_POOL_KWARGS max_connections") from exc
-
-
-def async_cap(pool: Any) -> int:
-    """``max_connections`` of the asyncio twin of ``pool``."""
-    if ASYNC_MAX_CONNECTIONS is not None:
-        return ASYNC_MAX_CONNECTIONS
-    cap = getattr(pool, "max_connections", None)
-    if isinstance(cap, int) and 0 < cap < 2**31:
-        return cap
-    return _DEFAULT_CAP
-
-
 def async_twin(client: Any) -> redis.asyncio.Redis:
     """An asyncio client to the server of a sync client, for the running event loop.
 
@@ -313,33 +249,6 @@ def async_twin(client: Any) -> redis.asyncio.Redis:
         if pool in _node_pools:  # a cluster node's: its redirections follow that cluster
             _async_origins[twin.connection_pool] = client
     return twin
-
-
-def closed_while_idle(conn: Any) -> bool:
-    """An idle, connected asyncio connection whose socket has input the event loop has not
-    read yet: an EOF (the server restarted or closed it: ``timeout``, ``CLIENT KILL``) or bytes
-    nobody asked for. Either way it must not be written to.
-
-    redis-py's checkout only looks at what the loop has already read, which misses an EOF that
-    arrived while the loop was busy; a sync checkout polls the socket itself, and so does this
-    (one ``poll``, no round trip).
-    """
-    writer = getattr(conn, "_writer", None)
-    if writer is None:
-        return False  # not connected: it connects before the first write
-    transport = writer.transport
-    if transport is None or transport.is_closing():
-        return True
-    sock = transport.get_extra_info("socket")
-    try:
-        fd = sock.fileno() if sock is not None else -1
-    except OSError:
-        return True
-    if fd < 0:
-        return sock is not None
-    poller = select.poll()
-    poller.register(fd, select.POLLIN | select.POLLPRI)
-    return bool(poller.poll(0))
 
 
 class SlotBound:

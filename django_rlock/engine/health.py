@@ -23,7 +23,7 @@ from redis.retry import Retry
 from . import replicas
 from .clients import is_cluster, node_clients
 from .wait.manager import existing_manager
-from .watchdog import watchdog
+from .watchdog import server_id, watchdog
 
 #: Seconds a probe may take to connect, and to get each reply.
 PROBE_TIMEOUT = 2.0
@@ -69,11 +69,16 @@ def error_text(exc: BaseException) -> str:
 
 
 # -- the process ------------------------------------------------------------------------------
-def watchdog_status() -> dict[str, Any]:
-    """The renewal thread, and how old the oldest unconfirmed renewal is."""
+def _holds(on: set[Any] | None) -> list[Any]:
+    return [h for h in watchdog().holds() if on is None or h.server in on]
+
+
+def watchdog_status(on: set[Any] | None = None) -> dict[str, Any]:
+    """The renewal thread, and how old the oldest unconfirmed renewal is (of the holds on the
+    servers ``on``, by ``server_id``; None: every hold of the process)."""
     wd = watchdog()
     now = time.monotonic()
-    renewed = [h for h in wd.holds() if h.renew]
+    renewed = [h for h in _holds(on) if h.renew]
     worst = 0.0
     overdue = 0
     limit = None
@@ -94,11 +99,12 @@ def watchdog_status() -> dict[str, Any]:
             "late_renewals": wd.late.total}
 
 
-def holds_status() -> dict[str, Any]:
-    """Holds of this process, and those in doubt: ``is_lost()`` is true for them."""
+def holds_status(on: set[Any] | None = None) -> dict[str, Any]:
+    """Holds of this process (on the servers ``on``), and those in doubt: ``is_lost()`` is
+    true for them. ``lost``: the process's lost holds remembered for ``is_lost()``."""
     wd = watchdog()
     now = time.monotonic()
-    holds = wd.holds()
+    holds = _holds(on)
     doubt = sum(1 for h in holds if h.lost or (h.renew and now > h.valid_until))
     return {"ok": doubt == 0, "held": len(holds), "in_doubt": doubt, "lost": wd.lost_count()}
 
@@ -158,12 +164,14 @@ def status(client: Any, *, sync_replicas: int | str | None = "auto",
            sync_timeout: float = 1.0) -> dict[str, Any]:
     """The health of locks on ``client`` in this process: ``ok``, the ``problems`` (one
     sentence each, no addresses), and the parts: ``redis`` and ``pubsub`` (one entry per
-    server), ``watchdog``, ``holds``."""
+    server), ``watchdog`` and ``holds`` (the holds on those servers; the thread is the
+    process's)."""
     nodes = servers(client)
     redis_part = [server_status(n, sync_replicas, sync_timeout) for n in nodes]
     pubsub = [pubsub_status(n) for n in nodes]
-    wd = watchdog_status()
-    holds = holds_status()
+    on = {server_id(n) for n in nodes}
+    wd = watchdog_status(on)
+    holds = holds_status(on)
     problems = []
     for s in redis_part:
         if not s["reachable"]:

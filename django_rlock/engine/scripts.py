@@ -24,9 +24,9 @@ from redis.exceptions import (
     TryAgainError,
 )
 
+from .aiopool import closed_while_idle
 from .clients import (
     async_twin,
-    closed_while_idle,
     cluster_of,
     node_at,
     node_client,

@@ -146,14 +146,14 @@ def test_async_views_answer_after_a_redis_restart(uvicorn):
 def test_the_async_pool_size_setting_reaches_the_twins_and_is_checked(settings):
     from django_rlock.checks import check_settings
     from django_rlock.connection import get_client
-    from django_rlock.engine import clients
+    from django_rlock.engine import aiopool
     from django_rlock.engine.clients import async_twin
 
     async def cap(cache: str | None = None) -> int:
         return async_twin(get_client(cache)).connection_pool.max_connections
 
     settings.RLOCK = {"ASYNC_MAX_CONNECTIONS": 7}
-    assert clients.ASYNC_MAX_CONNECTIONS == 7 and asyncio.run(cap()) == 7
+    assert aiopool.ASYNC_MAX_CONNECTIONS == 7 and asyncio.run(cap()) == 7
     # (django-redis keeps one pool per URL for the process: a URL of this test's own.)
     url = settings.CACHES["default"]["LOCATION"].replace("?db=1", "?db=5")
     settings.CACHES = {**settings.CACHES, "default": {
@@ -161,7 +161,7 @@ def test_the_async_pool_size_setting_reaches_the_twins_and_is_checked(settings):
         "OPTIONS": {"CONNECTION_POOL_KWARGS": {"max_connections": 9}}}}
     assert asyncio.run(cap()) == 7  # the setting wins over the cache's pool
     settings.RLOCK = {}
-    assert clients.ASYNC_MAX_CONNECTIONS is None and asyncio.run(cap()) == 9
+    assert aiopool.ASYNC_MAX_CONNECTIONS is None and asyncio.run(cap()) == 9
     settings.CACHES = {**settings.CACHES, "builtin": {**settings.CACHES["builtin"],
                                                       "OPTIONS": {"max_connections": 6}}}
     assert asyncio.run(cap("builtin")) == 6  # Django's RedisCache: its OPTIONS
@@ -169,4 +169,4 @@ def test_the_async_pool_size_setting_reaches_the_twins_and_is_checked(settings):
         settings.RLOCK = {"ASYNC_MAX_CONNECTIONS": bad}
         errors = [m.msg for m in check_settings() if m.id == "django_rlock.E003"]
         assert errors == [f"RLOCK['ASYNC_MAX_CONNECTIONS'] must be None or an int >= 1, got {bad!r}"]
-        assert clients.ASYNC_MAX_CONNECTIONS is None  # a bad value keeps the default
+        assert aiopool.ASYNC_MAX_CONNECTIONS is None  # a bad value keeps the default

@@ -11,8 +11,9 @@ import redis
 import redis.asyncio
 
 from django_rlock import AsyncRLock
-from django_rlock.engine import clients
-from django_rlock.engine.clients import TwinPool, async_twin
+from django_rlock.engine import aiopool
+from django_rlock.engine.aiopool import TwinPool
+from django_rlock.engine.clients import async_twin
 
 
 def test_two_acquires_with_a_server_restart_between_them_both_succeed(own_server):
@@ -46,7 +47,7 @@ def test_the_twin_pool_takes_its_size_from_the_sync_pool_or_the_setting(redis_se
 
     assert asyncio.run(cap(max_connections=7)) == 7
     assert asyncio.run(cap()) == 100  # redis-py's unbounded (or 100) default: 100
-    monkeypatch.setattr(clients, "ASYNC_MAX_CONNECTIONS", 3)
+    monkeypatch.setattr(aiopool, "ASYNC_MAX_CONNECTIONS", 3)
     assert asyncio.run(cap(max_connections=7)) == 3
 
 
@@ -75,7 +76,7 @@ def test_a_pool_full_past_the_budget_says_so(redis_server, r, monkeypatch):
     """Every connection taken and never given back: an acquire waits its budget (at least
     POOL_TIMEOUT), then a ConnectionError names the pool's size and the setting; one whose
     budget outlasts the shortage gets its connection and its lock."""
-    monkeypatch.setattr(clients, "POOL_TIMEOUT", 0.3)
+    monkeypatch.setattr(aiopool, "POOL_TIMEOUT", 0.3)
     sync = redis.Redis(unix_socket_path=redis_server.socket, max_connections=1)
 
     async def main() -> None:
@@ -93,3 +94,42 @@ def test_a_pool_full_past_the_budget_says_so(redis_server, r, monkeypatch):
         await lock.unlock()
 
     asyncio.run(main())
+
+
+def test_a_full_pool_serves_its_waiters_in_order_and_skips_those_that_left(redis_server, r):
+    """One connection, taken; checkouts queue. One is cancelled while it waits; one is
+    cancelled just after a release handed it the connection: it passes it on. Every freed
+    connection goes to the oldest waiter still there, and none is lost."""
+    sync = redis.Redis(unix_socket_path=redis_server.socket, max_connections=1)
+
+    async def main() -> list[str]:
+        pool = async_twin(sync).connection_pool
+        taken = await pool.get_connection()
+        order: list[str] = []
+
+        async def checkout(name: str) -> None:
+            conn = await pool.get_connection()
+            try:
+                order.append(name)
+                await asyncio.sleep(0.01)
+            finally:
+                await pool.release(conn)
+
+        tasks = {}
+        for name in "abcd":
+            tasks[name] = asyncio.ensure_future(checkout(name))
+            await asyncio.sleep(0.01)  # in this order
+        tasks["b"].cancel()  # leaves the line while it waits
+        await asyncio.sleep(0.01)
+        await pool.release(taken)  # handed to a ...
+        tasks["a"].cancel()  # ... which leaves before it could run: on to c
+        await asyncio.wait_for(tasks["c"], 10)
+        await asyncio.wait_for(tasks["d"], 10)
+        for name in "ab":
+            with pytest.raises(asyncio.CancelledError):
+                await tasks[name]
+        again = await asyncio.wait_for(pool.get_connection(), 5)  # the one connection is back
+        await pool.release(again)
+        return order
+
+    assert asyncio.run(main()) == ["c", "d"]
