@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import select
+import socket
 import time
+import weakref
 from collections import deque
 from contextvars import ContextVar, Token
 from typing import Any
@@ -73,6 +75,27 @@ class TwinPool(redis.asyncio.ConnectionPool):
         super().__init__(max_connections=max_connections, **kwargs)
         self._queue: deque[asyncio.Future[None]] = deque()
         self._promised = 0
+        self._made: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def make_connection(self) -> Any:
+        conn = super().make_connection()
+        self._made.add(conn)
+        return conn
+
+    def abandon(self) -> None:
+        """Its event loop is closed (Django runs each async view of a WSGI server in a loop
+        of its own): nothing can be awaited on its connections any more, so their sockets are
+        shut down here, and the server closes them at once, instead of each request leaving a
+        connection open until the garbage collector finds the loop."""
+        for conn in list(self._made):
+            writer = getattr(conn, "_writer", None)
+            sock = None if writer is None else writer.transport.get_extra_info("socket")
+            if sock is None:
+                continue
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def _free(self) -> bool:
         if _HAS_CAN_GET:

@@ -243,6 +243,12 @@ def async_twin(client: Any) -> redis.asyncio.Redis:
         per_loop = _async_twins[pool] = weakref.WeakKeyDictionary()  # type: ignore[assignment]
     twin = per_loop.get(loop)
     if twin is None:
+        # A twin holds its loop (its connections' streams do): the weak key alone never lets
+        # go. Twins of loops that are closed (a request's, under WSGI) go now.
+        for old in [lp for lp in per_loop if lp.is_closed()]:
+            gone = per_loop.pop(old)
+            if isinstance(gone.connection_pool, TwinPool):
+                gone.connection_pool.abandon()
         kwargs = _twin_kwargs(pool, redis.asyncio.connection)
         twin = redis.asyncio.Redis(connection_pool=TwinPool(async_cap(pool), **kwargs))
         per_loop[loop] = twin

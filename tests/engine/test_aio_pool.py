@@ -133,3 +133,25 @@ def test_a_full_pool_serves_its_waiters_in_order_and_skips_those_that_left(redis
         return order
 
     assert asyncio.run(main()) == ["c", "d"]
+
+
+def test_a_loop_per_call_leaves_no_connection_behind(own_server):
+    """Django runs an async view under WSGI in an event loop of its own per request: each
+    loop's twin used to stay (it holds its loop, so the weak key never let go) with its
+    connection open, one more per request, until the server's maxclients."""
+    sync = own_server.client()
+    admin = own_server.client()
+    admin.ping()
+
+    async def request(i: int) -> None:
+        lock = AsyncRLock(async_twin(sync), f"loop:{i}", sync_client=sync)
+        await lock.lock()
+        await lock.unlock()
+
+    for i in range(30):
+        asyncio.run(request(i))
+    # ours, the sync twin's (made by the lock's renewal side, if any), the last loop's twin
+    assert admin.info("clients")["connected_clients"] <= 3
+    sync.close()
+    admin.close()
+
