@@ -131,7 +131,7 @@ class LockAdmin(admin.ModelAdmin):
         paginator = Paginator([], get_config()["ADMIN_PAGE_SIZE"])
         query = request.GET.get("q", "").strip()
         return self._changelist(request, [], paginator, paginator.get_page(1), query,
-                                self._scan(request), None)
+                                self._scan(request), self._quiet(LockInspector))
 
     @staticmethod
     def _quiet(read: Any) -> Any:

@@ -43,6 +43,7 @@ def test_every_page_says_redis_is_unreachable_instead_of_a_500(admin_client: Cli
             assert response.status_code == 200, (method, url, response.status_code)
             assert MESSAGE in html, (method, url)
             assert 'data-name="held"' not in html  # no stale row pretends to be live
+            assert "<code>adm:rlock:</code>" in html  # still says where it looked
     finally:
         on_own.start()
     h.call(lambda: None)  # the holder's lock is gone with the restart: nothing to release

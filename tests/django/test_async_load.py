@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -155,7 +156,7 @@ def test_the_async_pool_size_setting_reaches_the_twins_and_is_checked(settings):
     settings.RLOCK = {"ASYNC_MAX_CONNECTIONS": 7}
     assert aiopool.ASYNC_MAX_CONNECTIONS == 7 and asyncio.run(cap()) == 7
     # (django-redis keeps one pool per URL for the process: a URL of this test's own.)
-    url = settings.CACHES["default"]["LOCATION"].replace("?db=1", "?db=5")
+    url = settings.CACHES["default"]["LOCATION"] + f"&client_name=pool-{uuid.uuid4().hex}"
     settings.CACHES = {**settings.CACHES, "default": {
         **settings.CACHES["default"], "LOCATION": url,
         "OPTIONS": {"CONNECTION_POOL_KWARGS": {"max_connections": 9}}}}
