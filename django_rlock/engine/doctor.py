@@ -82,8 +82,8 @@ def server_findings(client: Any, watchdog_timeout: float, *, sentinel: bool = Fa
             "error", "timeout", where,
             f"timeout is {timeout} s, at or below the watchdog period ({period:g} s, a third of "
             f"WATCHDOG_TIMEOUT): the server closes the connections renewals go out on between "
-            f"two renewals, so renewals pay a reconnect and one sent on a connection closed just "
-            f"before is lost (the hold renewed late, or in doubt)",
+            f"two renewals, so every renewal pays a reconnect, and one that races the close fails "
+            f"(its hold is renewed late, or in doubt until the retry)",
             f"CONFIG SET timeout 0 (and in redis.conf), or a timeout well above {period:g} s"))
     if sentinel and int(config.get("min-replicas-to-write", "0") or 0) == 0:
         out.append(_finding(
