@@ -19,7 +19,7 @@ class RLockConfig(AppConfig):
         # Registering checks and the signal bridge only: no Redis client is made here (CACHES
         # may still change).
         from .checks import check_settings
-        from .conf import apply_wake_lines
+        from .conf import apply_async_pool, apply_wake_lines
         from .engine import events
         from .signals import forward
 
@@ -28,6 +28,7 @@ class RLockConfig(AppConfig):
         _load_celery_glue()
         _install_metrics()
         apply_wake_lines()
+        apply_async_pool()
 
 
 def _install_metrics() -> None:

@@ -30,6 +30,7 @@ class Config(TypedDict):
     WAKE_LINES: int
     MAX_HOLD: float | None
     WARN_HELD_AFTER: float | None
+    ASYNC_MAX_CONNECTIONS: int | None
 
 
 DEFAULTS: Config = {
@@ -65,6 +66,10 @@ DEFAULTS: Config = {
     # Seconds after which a hold is logged (one WARNING, one lock_held_long signal) and marked
     # in the admin; None: never.
     "WARN_HELD_AFTER": None,
+    # Connections of the asyncio pool async views lock on (one per event loop, shared by every
+    # lock on the cache); None: the cache's CONNECTION_POOL_KWARGS max_connections (100 when
+    # unbounded). A call finding them all in use waits for one within its budget.
+    "ASYNC_MAX_CONNECTIONS": None,
 }
 
 
@@ -134,6 +139,9 @@ def validate(config: Mapping[str, Any]) -> list[str]:
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
                               or not 0 < v < float("inf")):
             problems.append(f"RLOCK[{key!r}] must be None or a number of seconds > 0, got {v!r}")
+    amc = config["ASYNC_MAX_CONNECTIONS"]
+    if amc is not None and (isinstance(amc, bool) or not isinstance(amc, int) or amc < 1):
+        problems.append(f"RLOCK['ASYNC_MAX_CONNECTIONS'] must be None or an int >= 1, got {amc!r}")
     if not isinstance(config["PROMETHEUS"], bool):
         problems.append(f"RLOCK['PROMETHEUS'] must be True or False, got {config['PROMETHEUS']!r}")
     return problems
@@ -167,8 +175,22 @@ def apply_wake_lines() -> None:
         wakeline.ENABLED = n > 0
 
 
+def apply_async_pool() -> None:
+    """``RLOCK["ASYNC_MAX_CONNECTIONS"]`` into the engine (asyncio twins made from now on); a
+    bad value keeps the default (check E003 reports it)."""
+    from .engine import aiopool
+
+    try:
+        n = get_config()["ASYNC_MAX_CONNECTIONS"]
+    except ImproperlyConfigured:
+        return
+    ok = n is None or (isinstance(n, int) and not isinstance(n, bool) and n >= 1)
+    aiopool.ASYNC_MAX_CONNECTIONS = n if ok else None
+
+
 @receiver(setting_changed)
 def _reset(*, setting: str, **kwargs: Any) -> None:
     if setting in ("RLOCK", "CACHES"):
         get_config.cache_clear()
         apply_wake_lines()
+        apply_async_pool()

@@ -19,6 +19,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import events, identity, leases, replicas
+from .aiopool import reset_budget, set_budget
 from .clients import SlotBound, async_twin, refresh, sync_twin
 from .errors import LockNotOwnedError
 from .kinds import Kind, declare
@@ -109,12 +110,23 @@ class AsyncRLock(LockBase):
     # -- acquiring ------------------------------------------------------------------------
     async def lock(self, lease_time: float | None = None) -> None:
         """Wait until acquired. ``lease_time`` in seconds; ``None``: watchdog mode."""
-        await self._acquire(None, self._lease_ms(lease_time))
+        lease_ms = self._lease_ms(lease_time)
+        budget = set_budget(None)  # a full pool is waited for as long as the lock is
+        try:
+            await self._acquire(None, lease_ms)
+        finally:
+            reset_budget(budget)
 
     async def try_lock(self, wait_time: float = 0.0, lease_time: float | None = None) -> bool:
         """Try for up to ``wait_time`` seconds (0: exactly one attempt)."""
         wait = self._wait_budget(wait_time)
-        return await self._acquire(wait, self._lease_ms(lease_time))
+        lease_ms = self._lease_ms(lease_time)
+        # A full pool is waited for within the budget (at least ``aiopool.POOL_TIMEOUT``).
+        budget = set_budget(None if wait is None else time.monotonic() + wait)
+        try:
+            return await self._acquire(wait, lease_ms)
+        finally:
+            reset_budget(budget)
 
     async def _attempt(self, k: HoldKey, lease_ms: int | None, t0: float, claim: bool = False,
                        reg: tuple[str, float | None] | None = None) -> int | None:

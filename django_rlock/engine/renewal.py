@@ -280,6 +280,10 @@ class Scheduler:
                                             daemon=True)
             self._thread.start()
 
+    def alive(self) -> bool | None:
+        """The sweep thread: None before the first hold started it, else whether it runs."""
+        return None if self._thread is None else self._thread.is_alive()
+
     def released(self) -> None:
         """(Under the lock.) A hold was dropped: its entries are stale."""
         if self._wake_at and self._timeline.stale(len(self._holds)):

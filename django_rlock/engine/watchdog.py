@@ -275,6 +275,20 @@ class Watchdog:
     def forget_lost(self, k: HoldKey) -> None:
         self._lost.pop(k, None)
 
+    def holds(self) -> list[Hold]:
+        """The holds registered now (a copy; health reads them without the lock held)."""
+        with self._lock:
+            return list(self._holds.values())
+
+    def lost_count(self) -> int:
+        """Lost holds still remembered for ``is_lost()`` (their owners not yet told by a
+        release or a new acquire)."""
+        return len(self._lost)
+
+    def thread_alive(self) -> bool | None:
+        """The renewal thread: None before the first hold started it, else whether it runs."""
+        return self._sched.alive()
+
     def renewing(self) -> int:
         """How many holds are renewed by this process now."""
         return sum(1 for h in list(self._holds.values()) if h.renew)
