@@ -20,8 +20,7 @@ end
 if redis.call('exists', KEYS[1]) == 0 then
   redis.call('hincrby', KEYS[1], ARGV[2], 1)
   redis.call('pexpire', KEYS[1], ARGV[1])
-  -- #include stamp
-  redis.call('hset', KEYS[2], KEYS[1], stamp .. ' ' .. ARGV[3])
+  redis.call('hset', KEYS[2], KEYS[1], ARGV[3])
   if ARGV[4] == 'claim' and KEYS[4] then
     redis.call('hdel', KEYS[4], ARGV[5], '=' .. ARGV[2])
   end

@@ -33,8 +33,7 @@ if fresh or redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
   redis.call('hincrby', KEYS[1], ARGV[2], 1)
   redis.call('pexpire', KEYS[1], ARGV[1])
   if fresh then
-    -- #include stamp
-    redis.call('hset', KEYS[2], KEYS[1], stamp .. ' ' .. ARGV[3])
+    redis.call('hset', KEYS[2], KEYS[1], ARGV[3])
   end
   return {-1, token}
 end

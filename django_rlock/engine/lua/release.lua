@@ -33,6 +33,7 @@ if count > 1 then
   return 0
 end
 local foreign = nil
+-- #include stamped
 local function outsiders()
   local subs = redis.call('pubsub', 'numsub', KEYS[2], KEYS[6])
   return subs[2] > subs[4]
@@ -73,8 +74,7 @@ if queued and redis.call('llen', KEYS[4]) > 0 then
           redis.call('hset', KEYS[1], heir, 1)
           redis.call('hset', KEYS[5], '=' .. heir, token)
           redis.call('pexpire', KEYS[1], grant)
-          -- #include stamp
-          redis.call('hset', KEYS[3], KEYS[1], stamp .. ' ' .. info)
+          redis.call('hset', KEYS[3], KEYS[1], stamped(info, now))
           if not ours and not direct then
             redis.call('publish', KEYS[6], token)
           end
@@ -89,8 +89,8 @@ then
   redis.call('hdel', KEYS[1], ARGV[1])
   redis.call('hset', KEYS[1], ARGV[4], 1)
   redis.call('pexpire', KEYS[1], ARGV[5])
-  -- #include stamp
-  redis.call('hset', KEYS[3], KEYS[1], stamp .. ' ' .. ARGV[7])
+  -- #include now_ms
+  redis.call('hset', KEYS[3], KEYS[1], stamped(ARGV[7], now))
   return -1
 end
 redis.call('del', KEYS[1])
