@@ -161,17 +161,29 @@ def many_keys(server: Any, conn: dict[str, Any], variants: dict[str, str], procs
     return results
 
 
-def _hold(code: str, conn: dict[str, Any], variant: str, n: int, out: Any) -> None:
+def _hold(code: str, conn: dict[str, Any], variant: str, n: int, out: Any, go: Any) -> None:
     sys.path.insert(0, code)
     import redis
 
     client = redis.Redis(**conn)
+    # A pair first, so the scripts are loaded (and cached by the server) before the parent
+    # reads used_memory: N locks' figure is theirs alone.
+    if variant == REDIS_PY:
+        lock = client.lock("h:warm", timeout=600)
+        lock.acquire()
+        lock.release()
+    else:
+        import django_rlock.engine.lock as engine_lock
+
+        warm = engine_lock.RLock(client, "warm", prefix="h:")
+        warm.lock(lease_time=600)
+        warm.unlock()
+    out.put("ready")
+    go.wait(120)
     if variant == REDIS_PY:
         for i in range(n):
             assert client.lock(f"h:{i}", timeout=600).acquire(blocking=False)
     else:
-        import django_rlock.engine.lock as engine_lock
-
         assert engine_lock.__file__.startswith(code), engine_lock.__file__
         for i in range(n):
             assert engine_lock.RLock(client, f"{i}", prefix="h:").try_lock(0, lease_time=600)
@@ -190,11 +202,14 @@ def many_held(server: Any, conn: dict[str, Any], variants: dict[str, str],
             if variant == FLOOR:
                 continue
             admin.flushall()
+            q = ctx.Queue()
+            go = ctx.Event()
+            p = ctx.Process(target=_hold, args=(code, conn, variant, n, q, go))
+            p.start()
+            assert q.get(timeout=120) == "ready"
             time.sleep(0.2)
             before = admin.info("memory")["used_memory"]
-            q = ctx.Queue()
-            p = ctx.Process(target=_hold, args=(code, conn, variant, n, q))
-            p.start()
+            go.set()
             one = q.get(timeout=600)
             p.join(60)  # its connection closed: client buffers are not counted
             time.sleep(0.2)

@@ -171,3 +171,27 @@ def test_an_entry_is_compact_and_not_attributed_to_another_holder(r):
     _hold_as(r, "p:short", mine[:-1] + "99")  # same process uuid, another serial
     (h,) = Locks(r, "p:").read(["short"])[0].holders
     assert h.pid is None
+
+
+def test_a_direct_hand_off_lists_the_heir_since_the_release_with_old_info_too(r):
+    """A release that hands straight to an unregistered waiter of its own process (reply -1)
+    lists the heir from then, by the server's clock, not from when its info was made; the
+    info of a waiter of the previous release (JSON) gets format 1's stamp."""
+    from django_rlock.engine.naming import grant_channel, handoff_queue, handoff_waiters, lock_channel
+    from django_rlock.engine.scripts import RELEASE_SCRIPT, call
+
+    key = "p:direct"
+    keys = (key, lock_channel(key), index_key("p:"), handoff_queue(key), handoff_waiters(key),
+            grant_channel(key))
+    me = identity.thread_owner()
+    heir = me[:-1] + "8"
+    made = identity.thread_info(heir)
+    old = json.dumps({"owner": heir, "host": "h", "pid": 1, "thread": "old"})
+    for info in (f"{int(made.split(identity.SEP)[0]) - 5000}{made[made.index(identity.SEP):]}",
+                 old):
+        _hold_as(r, key, me)
+        before = time.time()
+        assert call(r, RELEASE_SCRIPT, keys, (me, 30000, "0", heir, 30000, 1, info, "", "")) == -1
+        e = entry(r, "p:", key)
+        assert describes(e, heir) and before - 0.1 < e["since"] < time.time() + 0.1
+        r.delete(key)
