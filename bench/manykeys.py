@@ -259,7 +259,8 @@ def render_mem(mem: dict[tuple[str, int], tuple[float, int]], md: bool) -> str:
 def _table(title: str, head: list[str], rows: list[list[str]], md: bool) -> str:
     if md:
         lines = [f"**{title}**", "", "| " + " | ".join(head) + " |",
-                 "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in rows]
+                 "|" + "---|" * len(head)]
+        lines += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows]
         return "\n".join(lines)
     widths = [max(len(x) for x in col) for col in zip(head, *rows, strict=True)]
     lines = [title, "  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True))]

@@ -192,7 +192,7 @@ def renew() -> None:
     global _process_id, _local, _process_parts
     _process_id = str(uuid.uuid4())
     _local = threading.local()  # the forking thread's cached owner named the parent's uuid
-    _process_parts = None        # new pid; the pool child's name is set after this hook runs
+    _process_parts = None  # new pid; the pool child's name is set after this hook runs
     for hook in _fork_hooks:
         hook()
 

@@ -150,7 +150,7 @@ def parse_entry(raw: Any) -> tuple[float, dict[str, Any]] | None:
     if SEP in t:
         parts = t.split(SEP)
         old, _, ms = parts[0].rpartition(" ")
-        if len(parts) < 7 or not ms.isdigit():
+        if len(parts) < 7 or _digits(ms) is None:
             return None
         info: dict[str, Any] = {"owner_short": parts[1], "thread": parts[2],
                                 "os_thread_id": _digits(parts[3]), "pid": _digits(parts[4]),
@@ -171,7 +171,7 @@ def parse_entry(raw: Any) -> tuple[float, dict[str, Any]] | None:
 
 
 def _digits(v: str) -> int | None:
-    return int(v) if v.isdigit() else None
+    return int(v) if v.isascii() and v.isdigit() else None
 
 
 def describes(entry: dict[str, Any], field: str) -> bool:

@@ -195,3 +195,12 @@ def test_a_direct_hand_off_lists_the_heir_since_the_release_with_old_info_too(r)
         e = entry(r, "p:", key)
         assert describes(e, heir) and before - 0.1 < e["since"] < time.time() + 0.1
         r.delete(key)
+
+
+def test_a_name_with_the_separator_in_it_keeps_the_entry_readable(r, holders):
+    h = holders()
+    h.thread.name = "odd\x1fname"
+    h.call(lambda: RLock(r, "odd", prefix="p:").lock(lease_time=30))
+    (info,) = Locks(r, "p:").read(["odd"])
+    (holder,) = info.holders
+    assert holder.thread == "odd?name" and holder.pid == os.getpid()
