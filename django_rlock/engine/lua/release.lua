@@ -3,7 +3,8 @@
 -- waiters, KEYS[6] grant channel (4 to 6: kinds that hand off between processes).
 -- ARGV[1] owner, ARGV[2] lease ms in force, ARGV[3] message, ARGV[4] next owner (a waiter of
 -- the releasing process that is not registered, or ""), ARGV[5] its lease ms, ARGV[6] how many
--- subscribers the releasing process itself accounts for, ARGV[7] the next owner's holder info,
+-- subscribers the releasing process itself accounts for, ARGV[7] the next owner's holder info
+-- (restamped here with the server's time: `stamped`),
 -- ARGV[8] a token to withdraw (a waiter giving up: its own release if that very token was
 -- granted the lock, recorded as "=<owner>" in the waiters hash until the owner's hold ends;
 -- else its entry is dropped), ARGV[9] the releasing process's token prefix: a grant to one of
