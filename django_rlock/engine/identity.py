@@ -16,11 +16,11 @@ import asyncio
 import contextlib
 import contextvars
 import itertools
-import json
 import os
 import socket
 import sys
 import threading
+import time
 import uuid
 import weakref
 from collections.abc import Callable, Iterator
@@ -32,7 +32,7 @@ _fork_hooks: list[Callable[[], None]] = []
 _serials = itertools.count(1)
 _local = threading.local()
 _process_label: str | None = None
-_process_json: str | None = None
+_process_parts: str | None = None
 
 
 def process_id() -> str:
@@ -95,9 +95,9 @@ def task_owner() -> str:
 def set_process_label(label: str | None) -> None:
     """Name this process in lock listings (default: guessed from ``sys.argv``, see
     ``process_label``). ``None`` goes back to the guess."""
-    global _process_label, _process_json
+    global _process_label, _process_parts
     _process_label = label
-    _process_json = None
+    _process_parts = None
 
 
 def process_label() -> str:
@@ -126,33 +126,58 @@ def process_label() -> str:
     return prog
 
 
+#: Separates an index entry's parts (``lockinfo.parse_entry``, format 2).
+SEP = "\x1f"
+
+
+def _part(value: str) -> str:
+    """A name as one part of an entry: the separator (never in a real name) is replaced."""
+    return value.replace(SEP, "?")
+
+
+def short_owner(owner: str) -> str:
+    """``owner`` as an index entry names it: ``<uuid>:<serial>`` with the uuid cut to 8
+    characters (``lockinfo.describes`` matches it against the hash's fields; two processes
+    holding one lock at once with the same 8 leading characters and serial: 1 in 2**32)."""
+    head, sep, serial = owner.rpartition(":")
+    if sep and len(head) > 8 and serial.isdigit() and ":" not in head:
+        return f"{head[:8]}:{serial}"
+    return owner
+
+
 def _process_part() -> str:
-    """The JSON members that describe this process, computed once per process."""
-    global _process_json
-    if _process_json is None:
-        _process_json = (f'"host":{json.dumps(socket.gethostname())},"pid":{os.getpid()},'
-                         f'"process":{json.dumps(process_label())}')
-    return _process_json
+    """The parts of an entry that describe this process, computed once per process."""
+    global _process_parts
+    if _process_parts is None:
+        _process_parts = (f"{os.getpid()}{SEP}{_part(process_label())}"
+                         f"{SEP}{_part(socket.gethostname())}")
+    return _process_parts
+
+
+def _stamp() -> str:
+    # The holder's clock, in ms: a placeholder in the entry's "since" field, which every script
+    # that writes the entry replaces with the server's TIME (lua/_stamped.lua).
+    return str(int(time.time() * 1000))
 
 
 def thread_info(owner: str) -> str:
-    """What an index entry says about ``owner``, the calling thread (a JSON object)."""
+    """What an index entry says about ``owner``, the calling thread, starting now (format 2:
+    ``lockinfo.parse_entry``)."""
     t = threading.current_thread()
     cached = getattr(_local, "info", None)
     if cached is not None and cached[0] is t.name and cached[1] == owner:
-        return cached[2]  # type: ignore[no-any-return]
-    info = (f'{{"owner":{json.dumps(owner)},{_process_part()},"thread":{json.dumps(t.name)},'
-            f'"os_thread_id":{t.ident}}}')
+        return _stamp() + cached[2]  # type: ignore[no-any-return]
+    info = f"{SEP}{short_owner(owner)}{SEP}{_part(t.name)}{SEP}{t.ident}{SEP}{_process_part()}"
     _local.info = (t.name, owner, info)
-    return info
+    return _stamp() + info
 
 
 def task_info(owner: str) -> str:
     """``thread_info`` for the running asyncio task: its name, and the thread it runs on."""
     task = acting_task()
     name = task.get_name() if task is not None else "?"
-    return (f'{{"owner":{json.dumps(owner)},{_process_part()},"thread":{json.dumps(name)},'
-            f'"os_thread_id":{threading.get_ident()}}}')
+    return (f"{_stamp()}{SEP}{short_owner(owner)}{SEP}{_part(name)}{SEP}{threading.get_ident()}"
+            f"{SEP}{_process_part()}")
 
 
 def on_fork(hook: Callable[[], None]) -> None:
@@ -164,15 +189,15 @@ def on_fork(hook: Callable[[], None]) -> None:
 def renew() -> None:
     """A forked child's new identity: a new process uuid (so no owner id of the parent's is
     ever reused, invariant 9) and no thread's cached owner. Run by ``process``'s fork hook."""
-    global _process_id, _local, _process_json
+    global _process_id, _local, _process_parts
     _process_id = str(uuid.uuid4())
     _local = threading.local()  # the forking thread's cached owner named the parent's uuid
-    _process_json = None        # new pid; the pool child's name is set after this hook runs
+    _process_parts = None  # new pid; the pool child's name is set after this hook runs
     for hook in _fork_hooks:
         hook()
 
 
 def with_kind(info: str, kind: str) -> str:
-    """An index entry's holder JSON for a lock kind other than RLock: listing reads the kind
-    from it (``"kind"`` absent: a plain lock)."""
-    return f'{info[:-1]},"kind":"{kind}"}}'
+    """An index entry's holder info for a lock kind other than RLock: listing reads the kind
+    from it (none: a plain lock)."""
+    return f"{info}{SEP}{kind}"

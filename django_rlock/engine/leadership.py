@@ -10,7 +10,6 @@ acquire), ``owner``, ``term``, ``client``. A term is current in Redis iff
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -22,7 +21,7 @@ from . import events, identity
 from .base import check_seconds
 from .errors import LockError
 from .fenced import AsyncFencedLock, FencedLock
-from .lockinfo import decoded, number, text
+from .lockinfo import decoded, describes, number, parse_entry
 from .naming import leader_name
 from .wait import manager as pubsub
 from .wait.channel import wake_all
@@ -89,18 +88,12 @@ def info_of(group: str, fields: Any, entry: Any, token: Any) -> LeaderInfo | Non
         return None
     owner = next(iter(held))
     host = pid = process = since = None
-    raw = text(entry)
-    if raw:
-        stamp, _, blob = raw.partition(" ")
-        try:
-            about = json.loads(blob)
-            if isinstance(about, dict) and about.get("owner") == owner:
-                host = about.get("host") if isinstance(about.get("host"), str) else None
-                pid = number(about.get("pid"))
-                process = about.get("process") if isinstance(about.get("process"), str) else None
-                since = float(stamp)
-        except (ValueError, TypeError):
-            pass
+    parsed = parse_entry(entry)
+    if parsed is not None and describes(parsed[1], owner):
+        since, about = parsed
+        host = about.get("host") if isinstance(about.get("host"), str) else None
+        pid = number(about.get("pid"))
+        process = about.get("process") if isinstance(about.get("process"), str) else None
     return LeaderInfo(group, owner, number(token), host, pid, process, since)
 
 

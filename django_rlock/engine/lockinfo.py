@@ -126,18 +126,77 @@ def lease_text(seconds: float | None) -> str:
     return "no expiry" if seconds is None else f"{seconds:.3f}s"
 
 
-def entry_of(raw: Any, now: float) -> dict[str, Any] | None:
-    """An index value ``"<since> <json>"`` as a dict with ``held_for``; None if unreadable."""
+#: Separates the parts of an index entry (format 2); never inside a part (``identity``).
+SEP = "\x1f"
+
+
+def parse_entry(raw: Any) -> tuple[float, dict[str, Any]] | None:
+    """An index value as (since, in seconds since the epoch; what it says about the holder).
+
+    Two formats are read (entries of processes of the previous release stay listed during a
+    deploy):
+
+    - format 2: ``<ms> <owner> <thread> <os thread id> <pid> <process> <host>``, each space
+      being ``SEP`` (the unit separator), with ``SEP<kind>`` for a kind other than RLock's
+      (``identity.thread_info``); ``<owner>`` is the holder's field with its uuid cut to 8
+      characters (``identity.short_owner``). Written by a release of the previous release
+      (a hand-off), it has that release's ``<s>.<us> `` in front, which is then its since;
+    - format 1: ``<s>.<us> <json>`` (``owner``, ``host``, ``pid``, ``process``, ``thread``,
+      ``os_thread_id``, ``kind`` members), which the kinds without a holder still write.
+    """
     t = text(raw)
     if not t:
         return None
+    if SEP in t:
+        parts = t.split(SEP)
+        old, _, ms = parts[0].rpartition(" ")
+        if len(parts) < 7 or _digits(ms) is None:
+            return None
+        info: dict[str, Any] = {"owner_short": parts[1], "thread": parts[2],
+                                "os_thread_id": _digits(parts[3]), "pid": _digits(parts[4]),
+                                "process": parts[5], "host": parts[6]}
+        if len(parts) > 7 and parts[7]:
+            info["kind"] = parts[7]
+        try:
+            return (float(old) if old else int(ms) / 1000.0), info
+        except ValueError:
+            return None
     since, _, blob = t.partition(" ")
     try:
-        info = json.loads(blob)
-        info["held_for"] = max(0.0, now - float(since))
+        about = json.loads(blob)
+        at = float(since)
     except (ValueError, TypeError):
         return None
-    return info if isinstance(info, dict) else None
+    return (at, about) if isinstance(about, dict) else None
+
+
+def _digits(v: str) -> int | None:
+    return int(v) if v.isascii() and v.isdigit() else None
+
+
+def describes(entry: dict[str, Any], field: str) -> bool:
+    """Is ``entry`` (``parse_entry``'s) about the holder of hash field ``field``? Format 1
+    names the field whole; format 2 its uuid's first 8 characters and its serial."""
+    if "owner" in entry:
+        return entry["owner"] == field
+    short = entry.get("owner_short")
+    if not isinstance(short, str):
+        return False
+    if short == field:
+        return True
+    head, sep, serial = short.rpartition(":")
+    return (bool(sep) and len(field) > len(short) and field.startswith(head)
+            and field.endswith(sep + serial) and field[len(head):-len(sep + serial)].find(":") < 0)
+
+
+def entry_of(raw: Any, now: float) -> dict[str, Any] | None:
+    """An index value as a dict with ``held_for`` (``parse_entry``); None if unreadable."""
+    parsed = parse_entry(raw)
+    if parsed is None:
+        return None
+    since, info = parsed
+    info["held_for"] = max(0.0, now - since)
+    return info
 
 
 def decoded(raw: Any) -> dict[str, str] | None:
@@ -167,7 +226,7 @@ def holders_of(fields: dict[str, str], entry: dict[str, Any] | None, modes: bool
         if m is None or _COUNT.fullmatch(v) is None:
             return None
         holder = Holder(m.group(1), int(m.group(2)), int(v), write=write)
-        if entry is not None and entry.get("owner") == f:
+        if entry is not None and describes(entry, f):
             holder = Holder(holder.client_id, holder.thread_id, holder.hold_count,
                             _str(entry.get("host")), _int(entry.get("pid")),
                             _str(entry.get("process")), _str(entry.get("thread")),

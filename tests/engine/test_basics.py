@@ -278,8 +278,9 @@ def test_script_calls_are_one_per_attempt_and_release(r):
 
 def test_an_uncontended_pair_runs_ten_commands_inside_its_two_scripts(r):
     """The hot path's server cost, counted: the acquire checks the key, counts the hold, sets
-    the lease and lists the holder with the server's time; the release reads the count, looks
-    for anyone in line, deletes the key and its listing, and tells Redisson-style waiters."""
+    the lease and lists the holder (stamped with the server's TIME); the release reads the
+    count, looks for anyone in line, deletes the key and its listing, and tells Redisson-style
+    waiters."""
     lock = RLock(r, "inner-cost")
     lock.lock()
     lock.unlock()  # scripts loaded, replica count probed

@@ -26,6 +26,7 @@ from django_rlock.engine.fair import (
     FairLock,
 )
 from django_rlock.engine.identity import thread_owner
+from django_rlock.engine.lockinfo import describes, parse_entry
 from django_rlock.engine.naming import fair_waiter_channel, index_key, lock_channel
 from django_rlock.engine.scripts import call
 from tests.conftest import script_calls
@@ -115,8 +116,8 @@ def test_layout_redisson_names_and_kind_in_the_index(r, holders):
     lock.lock()
     ((field, count),) = r.hgetall("p:fl").items()
     assert field.decode() == thread_owner() and count == b"1"
-    entry = json.loads(r.hget(index_key("p:"), "p:fl").decode().split(" ", 1)[1])
-    assert entry["kind"] == "fair" and entry["owner"] == thread_owner()
+    entry = parse_entry(r.hget(index_key("p:"), "p:fl"))[1]
+    assert entry["kind"] == "fair" and describes(entry, thread_owner())
     waiter = holders()
     res = waiter.submit(lambda: lock.try_lock(wait_time=30))
     until(lambda: len(queue(r, "p:fl")) == 1, what="the waiter in line")
@@ -604,7 +605,7 @@ def test_async_and_sync_share_one_line(ar, r, holders):
         async def waiter() -> None:
             assert await alock.try_lock(wait_time=30) is True
             assert await alock.is_held_by_current_task() and await alock.hold_count() == 1
-            entry = json.loads((await ar.hget(index_key(""), "as")).decode().split(" ", 1)[1])
+            entry = parse_entry(await ar.hget(index_key(""), "as"))[1]
             assert entry["kind"] == "fair"
             await alock.unlock()
 

@@ -21,6 +21,7 @@ from django_rlock import LockNotOwnedError, RLock
 from django_rlock.engine import replicas
 from django_rlock.engine.fenced import AsyncFencedLock, FencedLock
 from django_rlock.engine.identity import thread_owner
+from django_rlock.engine.lockinfo import describes, parse_entry
 from django_rlock.engine.naming import index_key
 from django_rlock.testing import RedisServer, free_port
 
@@ -115,8 +116,8 @@ def test_layout_redisson_names_and_kind_in_the_index(r):
     assert r.hgetall("app:doc") == {thread_owner().encode(): b"1"}
     assert r.get("redisson_lock_token:{app:doc}") == token
     assert r.ttl("redisson_lock_token:{app:doc}") == -1  # no expiry, ever
-    entry = json.loads(r.hget(index_key("app:"), "app:doc").decode().split(" ", 1)[1])
-    assert entry["kind"] == "fenced" and entry["owner"] == thread_owner()
+    entry = parse_entry(r.hget(index_key("app:"), "app:doc"))[1]
+    assert entry["kind"] == "fenced" and describes(entry, thread_owner())
     assert RLock(r, "doc", prefix="app:").is_held_by_current_thread()  # the same hash
     lock.unlock()
     assert not r.exists("app:doc") and not r.hexists(index_key("app:"), "app:doc")
@@ -327,7 +328,7 @@ def test_async_and_sync_holders_exclude_each_other_and_share_the_counter(ar, r):
         assert await alock.try_lock_and_get_token() is None
         sync_lock.unlock()
         assert await alock.try_lock_and_get_token() > first
-        entry = json.loads((await ar.hget(index_key(""), "both")).decode().split(" ", 1)[1])
+        entry = parse_entry(await ar.hget(index_key(""), "both"))[1]
         assert entry["kind"] == "fenced"
         await alock.unlock()
         await ar.aclose()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 
@@ -11,15 +12,13 @@ import pytest
 from django_rlock import RLock
 from django_rlock.engine import identity
 from django_rlock.engine.listing import Locks, describe_holders
+from django_rlock.engine.lockinfo import describes, parse_entry
 from django_rlock.engine.naming import index_key
 
 
 def entry(r, prefix: str, key: str) -> dict | None:
-    raw = r.hget(index_key(prefix), key)
-    if raw is None:
-        return None
-    since, _, blob = raw.decode().partition(" ")
-    return {"since": float(since), **json.loads(blob)}
+    parsed = parse_entry(r.hget(index_key(prefix), key))
+    return None if parsed is None else {"since": parsed[0], **parsed[1]}
 
 
 def test_a_lock_is_indexed_from_acquire_to_release_with_its_holder(r, holders):
@@ -28,7 +27,7 @@ def test_a_lock_is_indexed_from_acquire_to_release_with_its_holder(r, holders):
     h.thread.name = "worker-7"
     h.call(lock.lock)
     e = entry(r, "app:", "app:indexed")
-    assert e is not None and e["owner"] == h.call(identity.thread_owner)
+    assert e is not None and describes(e, h.call(identity.thread_owner))
     assert e["thread"] == "worker-7" and e["pid"] > 0 and e["host"] and e["process"]
     assert e["os_thread_id"] == h.thread.ident
     h.call(lock.lock)  # reentry: the entry (and its "since") stays as it was
@@ -83,10 +82,13 @@ def test_a_hand_off_rewrites_the_entry_and_force_unlock_removes_it(r, holders):
     first.call(lock.lock)
     got = second.submit(lambda: lock.try_lock(wait_time=10))
     time.sleep(0.3)
+    released = time.time()
     first.call(lock.unlock)  # a waiter of this process: handed over in the release
     assert got(10) is True
     e = entry(r, "p:", "p:handed")
-    assert e["thread"] == "second" and e["owner"] == second.call(identity.thread_owner)
+    assert e["thread"] == "second" and describes(e, second.call(identity.thread_owner))
+    # Since the grant (the server's time in the release), not since the heir began to wait.
+    assert e["since"] > released - 0.1
     assert lock.force_unlock() is True
     assert entry(r, "p:", "p:handed") is None
 
@@ -121,3 +123,104 @@ def test_index_key_is_outside_the_prefix_and_matches_are_literal(r, prefix):
     assert Locks(r, prefix).names() == ["a*b", "axb"]
     assert Locks(r, prefix).names("a\\*b") == ["a*b"]
     assert sorted(Locks(r, prefix).names(scan=True)) == ["a*b", "axb"]
+
+
+def _hold_as(r, key: str, owner: str) -> None:
+    r.hset(key, owner, 1)
+    r.pexpire(key, 30_000)
+
+
+def test_entries_in_the_previous_format_are_still_listed_with_their_holder(r):
+    """A deploy: processes of the previous release write "<s>.<us> <json>" (and their hand-off
+    puts "<s>.<us> " in front of a new process's entry); listing reads all three."""
+    old_owner = "0d1f2a3b-1111-4222-8333-944455556666:7"
+    _hold_as(r, "p:old", old_owner)
+    about = {"owner": old_owner, "host": "web-1", "pid": 4121, "process": "runserver",
+             "thread": "Thread-7", "os_thread_id": 1234}
+    r.hset(index_key("p:"), "p:old", f"{time.time() - 2:.6f} {json.dumps(about)}")
+    new_owner = "5e6f7a8b-1111-4222-8333-944455556666:9"
+    _hold_as(r, "p:mixed", new_owner)
+    info = identity.with_kind(identity.thread_info(new_owner), "fenced")
+    r.hset(index_key("p:"), "p:mixed", f"{time.time() - 3:.6f} {info}")
+    locks = Locks(r, "p:")
+    assert locks.names() == ["mixed", "old"]
+    mixed, old = locks.read(["mixed", "old"])
+    (h,) = old.holders
+    assert (h.host, h.pid, h.process, h.thread, h.os_thread_id) == (
+        "web-1", 4121, "runserver", "Thread-7", 1234)
+    assert 1.5 < h.held_for < 10
+    (h,) = mixed.holders
+    assert mixed.kind == "fenced" and h.pid == os.getpid() and h.thread == "MainThread"
+    assert 2.5 < h.held_for < 10
+
+
+def test_an_entry_is_compact_and_not_attributed_to_another_holder(r):
+    """The entry names its holder by the uuid's first 8 characters and the serial: a lock that
+    expired and was taken again by a client that writes no entry (Redisson) is not shown with
+    the old holder's details."""
+    RLock(r, "short", prefix="p:").lock(lease_time=30)  # lease mode: nothing renews it
+    raw = r.hget(index_key("p:"), "p:short")
+    assert b"{" not in raw and len(raw) < 100 + len(identity.process_label())
+    assert Locks(r, "p:").read(["short"])[0].holders[0].pid == os.getpid()
+    mine = identity.thread_owner()
+    r.delete("p:short")  # gone behind the index's back, taken again by a Java client whose
+    _hold_as(r, "p:short", "x" + mine[1:])  # uuid differs in one character, same serial
+    (h,) = Locks(r, "p:").read(["short"])[0].holders
+    assert h.pid is None and h.held_for is None
+    r.delete("p:short")
+    _hold_as(r, "p:short", mine[:-1] + "99")  # same process uuid, another serial
+    (h,) = Locks(r, "p:").read(["short"])[0].holders
+    assert h.pid is None
+
+
+def test_a_direct_hand_off_lists_the_heir_since_the_release_with_old_info_too(r):
+    """A release that hands straight to an unregistered waiter of its own process (reply -1)
+    lists the heir from then, by the server's clock, not from when its info was made; the
+    info of a waiter of the previous release (JSON) gets format 1's stamp."""
+    from django_rlock.engine.naming import grant_channel, handoff_queue, handoff_waiters, lock_channel
+    from django_rlock.engine.scripts import RELEASE_SCRIPT, call
+
+    key = "p:direct"
+    keys = (key, lock_channel(key), index_key("p:"), handoff_queue(key), handoff_waiters(key),
+            grant_channel(key))
+    me = identity.thread_owner()
+    heir = me[:-1] + "8"
+    made = identity.thread_info(heir)
+    old = json.dumps({"owner": heir, "host": "h", "pid": 1, "thread": "old"})
+    for info in (f"{int(made.split(identity.SEP)[0]) - 5000}{made[made.index(identity.SEP):]}",
+                 old):
+        _hold_as(r, key, me)
+        before = time.time()
+        assert call(r, RELEASE_SCRIPT, keys, (me, 30000, "0", heir, 30000, 1, info, "", "")) == -1
+        e = entry(r, "p:", key)
+        assert describes(e, heir) and before - 0.1 < e["since"] < time.time() + 0.1
+        r.delete(key)
+
+
+def test_a_name_with_the_separator_in_it_keeps_the_entry_readable(r, holders):
+    h = holders()
+    h.thread.name = "odd\x1fname"
+    h.call(lambda: RLock(r, "odd", prefix="p:").lock(lease_time=30))
+    (info,) = Locks(r, "p:").read(["odd"])
+    (holder,) = info.holders
+    assert holder.thread == "odd?name" and holder.pid == os.getpid()
+
+
+@pytest.mark.parametrize("kind", ["lock", "fenced"])
+def test_the_entry_is_stamped_with_the_servers_clock_not_the_holders(r, monkeypatch, kind):
+    """A holder host whose clock is an hour off must not make "held for" an hour off: the
+    script puts the server's TIME in front of the entry the holder built."""
+    from django_rlock import FencedLock
+
+    monkeypatch.setattr(identity.time, "time", lambda: 3600.0 + _real_time())
+    lock = RLock(r, "skewed") if kind == "lock" else FencedLock(r, "skewed")
+    lock.lock()
+    try:
+        since, _ = parse_entry(r.hget(index_key(""), lock.key))
+        server_now = float(".".join(str(x) for x in r.time()))
+        assert abs(server_now - since) < 5.0, (server_now, since)
+    finally:
+        lock.unlock()
+
+
+_real_time = time.time

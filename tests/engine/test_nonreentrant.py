@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 import time
 
@@ -14,6 +13,7 @@ import redis.asyncio as aredis
 from django_rlock import AsyncNonReentrantLock, LockError, LockReentryError, NonReentrantLock
 from django_rlock.engine import identity, kinds
 from django_rlock.engine.listing import Locks
+from django_rlock.engine.lockinfo import parse_entry
 from django_rlock.engine.naming import index_key
 from tests.conftest import script_calls
 
@@ -50,8 +50,7 @@ def test_redisson_layout_and_reply_for_an_owner_this_process_does_not_know(r, ho
         r.eval(NonReentrantLock._ACQUIRE.source, 2, "nr:layout", index_key(""), 30000, owner,
                "{}", "")
     assert r.hget("nr:layout", owner) == b"1"
-    entry = r.hget(index_key(""), "nr:layout").decode().split(" ", 1)[1]
-    assert json.loads(entry)["kind"] == "non_reentrant"
+    assert parse_entry(r.hget(index_key(""), "nr:layout"))[1]["kind"] == "non_reentrant"
     lock.unlock()
 
 

@@ -4,7 +4,6 @@ expiry, renewal of one's own holds only, exclusion across processes, and the asy
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
 import subprocess
 import sys
@@ -17,6 +16,7 @@ import redis.asyncio
 
 from django_rlock import LockNotOwnedError
 from django_rlock.engine import identity
+from django_rlock.engine.lockinfo import describes, parse_entry
 from django_rlock.engine.naming import index_key, prefix_name, suffix_name
 from django_rlock.engine.rwlock import (
     AsyncReadLock,
@@ -63,8 +63,8 @@ def test_layout_is_redissons(r, name):
     # One string per read hold, named by the brace rule (the Lua side builds the same names).
     for k in (1, 2):
         assert r.get(tkey(key, me, k)) == b"1" and 0 < r.pttl(tkey(key, me, k)) <= 30_000
-    entry = json.loads(r.hget(index_key("p:"), key).split(b" ", 1)[1])
-    assert entry["kind"] == "rw" and entry["owner"] == me
+    entry = parse_entry(r.hget(index_key("p:"), key))[1]
+    assert entry["kind"] == "rw" and describes(entry, me)
     read.unlock()
     assert not r.exists(tkey(key, me, 2)) and r.exists(tkey(key, me, 1))
     write_channel = prefix_name("redisson_rwlock", key).encode()
@@ -76,7 +76,7 @@ def test_layout_is_redissons(r, name):
     assert r.keys("*") == []
     write.lock()
     assert r.hgetall(key) == {b"mode": b"write", (me + ":write").encode(): b"1"}
-    assert json.loads(r.hget(index_key("p:"), key).split(b" ", 1)[1])["kind"] == "rw"
+    assert parse_entry(r.hget(index_key("p:"), key))[1]["kind"] == "rw"
     write.unlock()  # frees the lock: "1"
     got = [ps.get_message(timeout=1)["data"] for _ in range(2)]
     assert got == [b"0", b"1"]

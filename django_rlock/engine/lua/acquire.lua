@@ -1,7 +1,8 @@
 -- RLock's acquire (and every lock kind's that hands off: a waiter registers in the line).
 -- KEYS[1] lock hash, KEYS[2] index, KEYS[3] hand-off queue, KEYS[4] hand-off waiters (3 and 4
 -- only with a token).
--- ARGV[1] lease ms, ARGV[2] owner field, ARGV[3] holder info, ARGV[4] mode: "" (a reentrant
+-- ARGV[1] lease ms, ARGV[2] owner field, ARGV[3] holder info (the index entry as written,
+-- restamped with the server's TIME: `stamped`), ARGV[4] mode: "" (a reentrant
 -- first attempt), "fresh" (a first attempt by an owner that holds nothing as far as its
 -- process knows: a field of its already there is a grant nobody took, taken as a new hold at
 -- count 1, never counted on top) or "claim" (a waiter's retry), ARGV[5] token (a waiter:
@@ -20,8 +21,9 @@ end
 if redis.call('exists', KEYS[1]) == 0 then
   redis.call('hincrby', KEYS[1], ARGV[2], 1)
   redis.call('pexpire', KEYS[1], ARGV[1])
-  -- #include stamp
-  redis.call('hset', KEYS[2], KEYS[1], stamp .. ' ' .. ARGV[3])
+  -- #include now_ms
+  -- #include stamped
+  redis.call('hset', KEYS[2], KEYS[1], stamped(ARGV[3], now))
   if ARGV[4] == 'claim' and KEYS[4] then
     redis.call('hdel', KEYS[4], ARGV[5], '=' .. ARGV[2])
   end

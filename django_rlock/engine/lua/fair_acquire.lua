@@ -24,8 +24,8 @@ if free and (not head or head == ARGV[2]) then
   end
   redis.call('hincrby', KEYS[1], ARGV[2], 1)
   redis.call('pexpire', KEYS[1], ARGV[1])
-  -- #include stamp
-  redis.call('hset', KEYS[3], KEYS[1], stamp .. ' ' .. ARGV[3])
+  -- #include stamped
+  redis.call('hset', KEYS[3], KEYS[1], stamped(ARGV[3], now))
   return nil
 end
 if redis.call('hexists', KEYS[1], ARGV[2]) == 1 then

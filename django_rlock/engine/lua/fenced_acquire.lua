@@ -33,8 +33,8 @@ if fresh or redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
   redis.call('hincrby', KEYS[1], ARGV[2], 1)
   redis.call('pexpire', KEYS[1], ARGV[1])
   if fresh then
-    -- #include stamp
-    redis.call('hset', KEYS[2], KEYS[1], stamp .. ' ' .. ARGV[3])
+    -- #include stamped
+    redis.call('hset', KEYS[2], KEYS[1], stamped(ARGV[3], math.floor(tonumber(now) / 1000)))
   end
   return {-1, token}
 end

@@ -7,8 +7,9 @@
 
 if redis.call('exists', KEYS[1]) == 0 or redis.call('hexists', KEYS[1], ARGV[1]) == 1 then
   if KEYS[2] and redis.call('exists', KEYS[1]) == 0 then
-    -- #include stamp
-    redis.call('hset', KEYS[2], KEYS[1], stamp .. ' ' .. ARGV[3])
+    -- #include now_ms
+    -- #include stamped
+    redis.call('hset', KEYS[2], KEYS[1], stamped(ARGV[3], now))
   end
   redis.call('hset', KEYS[1], ARGV[1], 1)
   redis.call('pexpire', KEYS[1], ARGV[2])

@@ -10,8 +10,9 @@
 if redis.call('exists', KEYS[1]) == 0 then
   redis.call('hset', KEYS[1], ARGV[2], 1)
   redis.call('pexpire', KEYS[1], ARGV[1])
-  -- #include stamp
-  redis.call('hset', KEYS[2], KEYS[1], stamp .. ' ' .. ARGV[3])
+  -- #include now_ms
+  -- #include stamped
+  redis.call('hset', KEYS[2], KEYS[1], stamped(ARGV[3], now))
   return nil
 end
 if redis.call('hexists', KEYS[1], ARGV[2]) == 1 then

@@ -3,7 +3,8 @@
 -- waiters, KEYS[6] grant channel (4 to 6: kinds that hand off between processes).
 -- ARGV[1] owner, ARGV[2] lease ms in force, ARGV[3] message, ARGV[4] next owner (a waiter of
 -- the releasing process that is not registered, or ""), ARGV[5] its lease ms, ARGV[6] how many
--- subscribers the releasing process itself accounts for, ARGV[7] the next owner's holder info,
+-- subscribers the releasing process itself accounts for, ARGV[7] the next owner's holder info
+-- (restamped here with the server's time: `stamped`),
 -- ARGV[8] a token to withdraw (a waiter giving up: its own release if that very token was
 -- granted the lock, recorded as "=<owner>" in the waiters hash until the owner's hold ends;
 -- else its entry is dropped), ARGV[9] the releasing process's token prefix: a grant to one of
@@ -33,6 +34,7 @@ if count > 1 then
   return 0
 end
 local foreign = nil
+-- #include stamped
 local function outsiders()
   local subs = redis.call('pubsub', 'numsub', KEYS[2], KEYS[6])
   return subs[2] > subs[4]
@@ -73,8 +75,7 @@ if queued and redis.call('llen', KEYS[4]) > 0 then
           redis.call('hset', KEYS[1], heir, 1)
           redis.call('hset', KEYS[5], '=' .. heir, token)
           redis.call('pexpire', KEYS[1], grant)
-          -- #include stamp
-          redis.call('hset', KEYS[3], KEYS[1], stamp .. ' ' .. info)
+          redis.call('hset', KEYS[3], KEYS[1], stamped(info, now))
           if not ours and not direct then
             redis.call('publish', KEYS[6], token)
           end
@@ -89,8 +90,8 @@ then
   redis.call('hdel', KEYS[1], ARGV[1])
   redis.call('hset', KEYS[1], ARGV[4], 1)
   redis.call('pexpire', KEYS[1], ARGV[5])
-  -- #include stamp
-  redis.call('hset', KEYS[3], KEYS[1], stamp .. ' ' .. ARGV[7])
+  -- #include now_ms
+  redis.call('hset', KEYS[3], KEYS[1], stamped(ARGV[7], now))
   return -1
 end
 redis.call('del', KEYS[1])

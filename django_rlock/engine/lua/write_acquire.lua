@@ -11,8 +11,9 @@ if mode == false then
   redis.call('hset', KEYS[1], 'mode', 'write')
   redis.call('hset', KEYS[1], ARGV[2], 1)
   redis.call('pexpire', KEYS[1], ARGV[1])
-  -- #include stamp
-  redis.call('hset', KEYS[2], KEYS[1], stamp .. ' ' .. ARGV[3])
+  -- #include now_ms
+  -- #include stamped
+  redis.call('hset', KEYS[2], KEYS[1], stamped(ARGV[3], now))
   return nil
 end
 if mode == 'write' and redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
