@@ -25,7 +25,6 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from .decorators import LockSpec, decorator, is_async_client
-from .engine.errors import LockBusy
 from .engine.naming import suffix_name
 from .lockkinds import check_permits
 
@@ -221,8 +220,15 @@ class LimitSpec(LockSpec):
                 f"{'' if ttl is None else f', the first expires in {ttl:.3f} s'}); gave up "
                 f"after {self.wait:g} s")
 
-    def busy_body(self, busy: LockBusy) -> str:
-        return f"Too Many Requests: {busy.name} runs at most {self.permits} at once.\n"
+    busy_code = "too_many_requests"
+
+    def busy_body(self, name: str | None, retry_after: int) -> str:
+        what = "this resource" if name is None else repr(name)
+        return (f"Too Many Requests: {what} runs at most {self.permits} at once, try again in "
+                f"{retry_after} s.\n")
+
+    def busy_status_text(self) -> str:
+        return "429" if self.status is None else str(self.status)
 
 
 def limited(template: str | Callable[..., str], *, permits: int, wait: float = 0,
