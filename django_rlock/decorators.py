@@ -357,6 +357,10 @@ def decorator(spec: LockSpec) -> Callable[[F], F]:
                 f"{func.__qualname__}(): only a Celery task can retry; a view answers "
                 f"{spec.busy_status_text()} with Retry-After by default (or use wait=, or "
                 f"on_busy='raise')")
+        if spec.dedupe and first == "request":
+            raise TypeError(f"{spec.decorator}({spec.label!r}, dedupe=True) on the view "
+                            f"{func.__qualname__}(): de-duplication is for Celery tasks "
+                            f"(@shared_task(bind=True, base=LockedTask) outermost)")
         times = spec.hold_times if spec.hold_at_least is None else None
 
         # Everything a call needs that depends on the function only is decided here, once.

@@ -55,3 +55,21 @@ def test_dedupe_task_is_enqueued_without_a_mark_and_retries(lock_server_down, lo
     lock_server_down.start()
     assert result.get(timeout=30) >= 1
     assert len(entries(log, "ran", "c")) == 1
+
+
+def test_dedupe_without_the_locked_task_base_fails_manage_py_check(celery_app, lock_settings):
+    from django.core import checks
+
+    from django_rlock import locked
+
+    @celery_app.task(bind=True, name="tests.bad_dedupe")
+    @locked("bad:{key}", dedupe=True)
+    def bad_dedupe(self: Any, key: str) -> None: ...
+
+    try:
+        errors = [m for m in checks.run_checks() if m.id == "django_rlock.E006"]
+        assert [m.obj for m in errors] == ["tests.bad_dedupe"]
+        assert "LockedTask" in errors[0].hint
+    finally:
+        celery_app.tasks.unregister("tests.bad_dedupe")
+    assert not [m for m in checks.run_checks() if m.id == "django_rlock.E006"]

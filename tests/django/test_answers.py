@@ -228,6 +228,13 @@ def test_on_busy_retry_on_a_view_fails_when_decorating():
             return HttpResponse()
 
 
+def test_dedupe_on_a_view_fails_when_decorating():
+    with pytest.raises(TypeError, match="de-duplication is for Celery tasks"):
+        @locked("v", dedupe=True)
+        def view(request: HttpRequest) -> HttpResponse:
+            return HttpResponse()
+
+
 def test_busy_status_that_is_not_an_error_fails_check_and_decoration(settings):
     settings.RLOCK = {"BUSY_STATUS": 200}
     errors = [m for m in check_settings() if m.id == "django_rlock.E003"]
