@@ -10,9 +10,11 @@ from collections.abc import Coroutine
 from typing import Any, assert_type
 
 from django_rlock import (
+    AsyncLeader,
     CountDownLatch,
     FairLock,
     FencedLock,
+    Leader,
     LockBusy,
     MultiLock,
     PermitExpirableSemaphore,
@@ -21,6 +23,7 @@ from django_rlock import (
     RLock,
     WriteLock,
     get_latch,
+    get_leader,
     get_lock,
     get_rate_limiter,
     get_semaphore,
@@ -67,6 +70,8 @@ assert_type(get_lock("invoice:1", cache=["a", "b", "c"]), MultiLock)
 assert_type(get_semaphore("pool", 3), PermitExpirableSemaphore)
 assert_type(get_latch("ready"), CountDownLatch)
 assert_type(get_rate_limiter("api", "10/s"), RateLimiter)
+assert_type(get_leader("beat"), Leader)
+assert_type(get_leader("beat", aio=True), AsyncLeader)
 
 
 def use(lock: RLock) -> float | None:
