@@ -74,3 +74,19 @@ def test_dedupe_without_the_locked_task_base_fails_manage_py_check(celery_app, l
     finally:
         celery_app.tasks.unregister("tests.bad_dedupe")
     assert not [m for m in checks.run_checks() if m.id == "django_rlock.E006"]
+
+
+def test_on_busy_retry_counts_down_the_hold_estimate_not_the_holders_lease(locks, log):
+    from django_rlock import get_lock
+    from tests.celery.tasks import retrier
+
+    assert retrier.delay("est").get(timeout=30) == 0  # one quick run: the estimate is ~0 s
+    lock = get_lock("retry:est")
+    assert lock.try_lock(lease_time=30)  # a holder whose lease says 30 s
+    started = time.monotonic()
+    result = retrier.delay("est")
+    wait_for(lambda: result.state == "RETRY", timeout=30)
+    lock.unlock()  # done after ~1 s, as its template's holds usually are
+    assert result.get(timeout=20) >= 1
+    # Retried after the estimate (1 s, rounded up), not after the 30 s lease.
+    assert time.monotonic() - started < 20
