@@ -7,7 +7,7 @@ imported eagerly, the Django-facing ones (``get_lock``, ``locked``, ...) on firs
 import sys
 from importlib.machinery import ModuleSpec
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .engine import (
     AsyncCountDownLatch,
@@ -66,6 +66,22 @@ __all__ = ["AsyncCountDownLatch", "AsyncFairLock", "AsyncFencedLock", "AsyncLead
            "RateLimited", "RateLimiter",
            "ReadLock", "ReadWriteLock", "RedLock", "Semaphore", "WriteLock", "__version__",
            *_LAZY]
+
+
+if TYPE_CHECKING:
+    # What the lazy ``__getattr__`` below returns, for type checkers: without these,
+    # ``from django_rlock import locked`` is ``Any`` under ``mypy --strict`` and every
+    # decorated function loses its type. Keep in step with ``_LAZY`` (tests/typing checks).
+    from .decorators import locked as locked
+    from .factory import get_latch as get_latch
+    from .factory import get_lock as get_lock
+    from .factory import get_semaphore as get_semaphore
+    from .fencing import afenced_update as afenced_update
+    from .fencing import fenced_update as fenced_update
+    from .leaders import get_leader as get_leader
+    from .limits import limited as limited
+    from .ratelimits import get_rate_limiter as get_rate_limiter
+    from .ratelimits import rate_limited as rate_limited
 
 
 def __getattr__(name: str) -> Any:

@@ -18,12 +18,13 @@ class RLockConfig(AppConfig):
     def ready(self) -> None:
         # Registering checks and the signal bridge only: no Redis client is made here (CACHES
         # may still change).
-        from .checks import check_settings
+        from .checks import check_settings, check_tasks
         from .conf import apply_async_pool, apply_wake_lines
         from .engine import events
         from .signals import forward
 
         checks.register(check_settings)
+        checks.register(check_tasks)
         events.add_listener(forward)
         _load_celery_glue()
         _install_metrics()

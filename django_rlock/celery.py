@@ -29,6 +29,7 @@ import inspect
 import json
 import logging
 import math
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -38,10 +39,12 @@ from celery.exceptions import Ignore, Retry
 from celery.signals import task_postrun, task_revoked
 from celery.utils import uuid
 
-from . import transaction
+from . import answers, transaction
+from .answers import UNAVAILABLE
 from .decorators import (
     TaskHooks,
     bound_arguments,
+    busy_ttl,
     call_args,
     hold_for_call,
     register_task_hooks,
@@ -55,7 +58,7 @@ from .engine.watchdog import server_id, watchdog
 
 logger = logging.getLogger("django_rlock")
 
-__all__ = ["LockedTask", "dedupe_name", "retry", "task_of"]
+__all__ = ["LockedTask", "dedupe_name", "retry", "retry_unavailable", "task_of"]
 
 
 def task_of(args: tuple[Any, ...], wrapper: Callable[..., Any] | None = None) -> Any:
@@ -75,7 +78,9 @@ def task_of(args: tuple[Any, ...], wrapper: Callable[..., Any] | None = None) ->
 
 
 def retry(busy: LockBusy, task: Any, countdown: float | None = None) -> Any:
-    """``raise task.retry(...)`` after the holder's remaining lease (or ``countdown``).
+    """``raise task.retry(...)`` after ``countdown`` (``@locked`` passes its busy answer's
+    Retry-After: the estimate from recent hold times, at most the holder's remaining lease),
+    else after the holder's remaining lease.
 
     ``max_retries`` is honoured by Celery: past it, the task fails with the ``LockBusy``.
     """
@@ -86,6 +91,22 @@ def retry(busy: LockBusy, task: Any, countdown: float | None = None) -> Any:
         ttl = busy.ttl
         countdown = 1 if ttl is None or math.isinf(ttl) else max(1, math.ceil(ttl))
     raise task.retry(countdown=countdown, exc=busy)
+
+
+def retry_unavailable(task: Any, spec: Any, name: str | None, exc: BaseException) -> Any:
+    """The lock backend did not answer: ``raise task.retry(exc=...)`` with the task's own
+    policy (``default_retry_delay``, or ``retry_backoff`` / ``retry_backoff_max`` /
+    ``retry_jitter`` as Celery's ``autoretry_for`` counts them; ``max_retries`` honoured:
+    past it the task fails with the connection error). The outage is logged once."""
+    answers.backend_down(spec, name, exc)
+    countdown = None
+    if getattr(task, "retry_backoff", False):
+        from celery.utils.time import get_exponential_backoff_interval
+
+        countdown = get_exponential_backoff_interval(
+            factor=int(task.retry_backoff), retries=task.request.retries,
+            maximum=task.retry_backoff_max, full_jitter=task.retry_jitter)
+    raise task.retry(exc=exc, countdown=countdown)
 
 
 # -- enqueue de-duplication -----------------------------------------------------------------------
@@ -140,7 +161,14 @@ class LockedTask(Task):
         ttl_ms = max(1, math.ceil(float(self.dedupe_ttl) * 1000))
         field = _field(task_id)
         keys = (key, index_for(client, prefix, key))
-        holder = call(client, MARK_CLAIM_SCRIPT, keys, (field, ttl_ms, identity.thread_info(field)))
+        try:
+            holder = call(client, MARK_CLAIM_SCRIPT, keys,
+                          (field, ttl_ms, identity.thread_info(field)))
+        except UNAVAILABLE as exc:
+            # No mark without Redis: enqueue anyway. The run still takes its lock (and retries
+            # while Redis is down), so a duplicate may run after this one, never beside it.
+            answers.backend_down(spec, name, exc)
+            return super().apply_async(args, kwargs, task_id, *rest, **options)
         if holder is not None:
             existing = (holder.decode() if isinstance(holder, bytes) else holder).rsplit(":", 1)[0]
             logger.info("django-rlock: not enqueueing %s: the identical task %s is queued or running",
@@ -219,18 +247,27 @@ def run_task(spec: Any, wrapper: Callable[..., Any], func: Callable[..., Any], n
     into ``SystemExit``, which unwinds through the ``finally`` clauses below.
     """
     mark = None
-    if spec.dedupe:
-        if not isinstance(task, LockedTask):
-            logger.warning("django-rlock: %s uses @locked(dedupe=True) but is not a LockedTask: "
-                           "duplicates are not refused at enqueue time; use "
-                           "@shared_task(base=LockedTask, ...)", task.name)
-        mark = _Mark(spec, task, args, kwargs)
-        mark.adopt()
-    retrying = False
     try:
+        if spec.dedupe:
+            if not isinstance(task, LockedTask):
+                logger.warning("django-rlock: %s uses @locked(dedupe=True) but is not a "
+                               "LockedTask: duplicates are not refused at enqueue time; use "
+                               "@shared_task(base=LockedTask, ...)", task.name)
+            mark = _Mark(spec, task, args, kwargs)
+            mark.adopt()
         lock = spec.sync_lock(name)
-        if not lock.try_lock(spec.wait, spec.lease):
-            busy = turned_away(spec, lock, lock.remaining_ttl())
+        got = lock.try_lock(spec.wait, spec.lease)
+        ttl = None if got else busy_ttl(lock)
+    except UNAVAILABLE as exc:
+        if mark is not None:
+            mark.finish(release=False, until_commit=False)
+        return retry_unavailable(task, spec, name, exc)
+    answers.backend_up(spec)
+    retrying = False
+    times = spec.hold_times if spec.hold_at_least is None else None
+    try:
+        if not got:
+            busy = turned_away(spec, lock, ttl)
             if spec.drop_redelivered and (task.request.delivery_info or {}).get("redelivered"):
                 # The broker redelivered a message whose first delivery still runs
                 # (visibility timeout shorter than the task): drop this copy quietly.
@@ -243,9 +280,12 @@ def run_task(spec: Any, wrapper: Callable[..., Any], func: Callable[..., Any], n
             # de-dup mark does not (an identical task may be queued: it is turned away).
             return run_windowed(spec, lock, func, args, kwargs, hold_for_call)
         hold = hold_for_call(spec, lock, func)
+        t0 = time.monotonic()
         try:
             return func(*args, **call_args(lock, func, kwargs))
         finally:
+            if times is not None:
+                times.add(time.monotonic() - t0)
             hold.done()
     except Retry:
         retrying = True

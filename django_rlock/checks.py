@@ -85,3 +85,36 @@ def _is_redis(cls: Any) -> bool:
         if isinstance(cls, type) and issubclass(cls, base):
             return True
     return False
+
+
+def check_tasks(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """``@locked(dedupe=True)`` on a task without the ``LockedTask`` base: without it nothing
+    refuses a duplicate at enqueue time, which a worker's log would only say at run time.
+
+    Only with the Celery glue loaded; reads the current Celery app's tasks after importing
+    its task modules (``autodiscover_tasks``), as a worker does. Never connects."""
+    import sys
+
+    if "django_rlock.celery" not in sys.modules:
+        return []
+    from celery import current_app
+
+    from .celery import LockedTask
+
+    try:
+        current_app.loader.import_default_modules()
+        tasks = dict(current_app.tasks)
+    except Exception as exc:  # a broken task module is Celery's to report, not ours
+        return [Warning(f"django-rlock could not list the Celery tasks: {exc!r}",
+                        id="django_rlock.W003")]
+    messages: list[CheckMessage] = []
+    for name, task in sorted(tasks.items()):
+        spec = getattr(getattr(task, "run", None), "__rlock_spec__", None)
+        if spec is not None and spec.dedupe and not isinstance(task, LockedTask):
+            messages.append(Error(
+                f"The Celery task {name!r} uses @locked({spec.label!r}, dedupe=True) but its "
+                f"base is not LockedTask: duplicates would be enqueued",
+                hint="@shared_task(bind=True, base=LockedTask) (from django_rlock.celery import "
+                     "LockedTask).",
+                obj=name, id="django_rlock.E006"))
+    return messages

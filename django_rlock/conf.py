@@ -31,6 +31,11 @@ class Config(TypedDict):
     MAX_HOLD: float | None
     WARN_HELD_AFTER: float | None
     ASYNC_MAX_CONNECTIONS: int | None
+    BUSY_RETRY_AFTER: str | float
+    BUSY_EXPOSE_NAME: bool
+    BUSY_JSON: bool
+    UNAVAILABLE_STATUS: int | str
+    UNAVAILABLE_RETRY_AFTER: float
 
 
 DEFAULTS: Config = {
@@ -70,6 +75,20 @@ DEFAULTS: Config = {
     # lock on the cache); None: the cache's CONNECTION_POOL_KWARGS max_connections (100 when
     # unbounded). A call finding them all in use waits for one within its budget.
     "ASYNC_MAX_CONNECTIONS": None,
+    # Retry-After of a view turned away by a busy lock: "estimate" (the recent hold times of
+    # the same template in this process, at most the holder's remaining lease), "ttl" (the
+    # holder's remaining lease), or a number of seconds (at most that lease). Also the
+    # countdown of a task's on_busy="retry".
+    "BUSY_RETRY_AFTER": "estimate",
+    # Busy (423/429) and unavailable (503) bodies name the lock (its Redis name) when True.
+    "BUSY_EXPOSE_NAME": False,
+    # Answer those bodies as JSON to a request whose Accept header asks for application/json.
+    "BUSY_JSON": True,
+    # HTTP status of a @locked/@limited/@rate_limited view whose Redis is unreachable, or
+    # "raise" to let the redis ConnectionError/TimeoutError propagate (a 500).
+    "UNAVAILABLE_STATUS": 503,
+    # Retry-After (seconds) of that answer.
+    "UNAVAILABLE_RETRY_AFTER": 5,
 }
 
 
@@ -119,8 +138,24 @@ def validate(config: Mapping[str, Any]) -> list[str]:
     if isinstance(wt, bool) or not isinstance(wt, (int, float)) or not 0 < wt < float("inf"):
         problems.append(f"RLOCK['WATCHDOG_TIMEOUT'] must be a number of seconds > 0, got {wt!r}")
     status = config["BUSY_STATUS"]
-    if isinstance(status, bool) or not isinstance(status, int) or not 100 <= status <= 599:
-        problems.append(f"RLOCK['BUSY_STATUS'] must be an HTTP status code (int), got {status!r}")
+    if not is_error_status(status):
+        problems.append(f"RLOCK['BUSY_STATUS'] must be a 4xx or 5xx HTTP status (int): a "
+                        f"2xx/3xx would tell the client the call ran, got {status!r}")
+    status = config["UNAVAILABLE_STATUS"]
+    if status != "raise" and not is_error_status(status):
+        problems.append(f"RLOCK['UNAVAILABLE_STATUS'] must be a 4xx or 5xx HTTP status (int) "
+                        f"or 'raise', got {status!r}")
+    after = config["BUSY_RETRY_AFTER"]
+    if after not in ("estimate", "ttl") and not _positive(after):
+        problems.append(f"RLOCK['BUSY_RETRY_AFTER'] must be 'estimate', 'ttl' or a number of "
+                        f"seconds > 0, got {after!r}")
+    if not _positive(config["UNAVAILABLE_RETRY_AFTER"]):
+        problems.append(f"RLOCK['UNAVAILABLE_RETRY_AFTER'] must be a number of seconds > 0, "
+                        f"got {config['UNAVAILABLE_RETRY_AFTER']!r}")
+    for key in ("BUSY_EXPOSE_NAME", "BUSY_JSON"):
+        if not isinstance(config[key], bool):  # type: ignore[literal-required]
+            problems.append(f"RLOCK[{key!r}] must be True or False, got "
+                            f"{config[key]!r}")  # type: ignore[literal-required]
     size = config["ADMIN_PAGE_SIZE"]
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         problems.append(f"RLOCK['ADMIN_PAGE_SIZE'] must be an int >= 1, got {size!r}")
@@ -145,6 +180,16 @@ def validate(config: Mapping[str, Any]) -> list[str]:
     if not isinstance(config["PROMETHEUS"], bool):
         problems.append(f"RLOCK['PROMETHEUS'] must be True or False, got {config['PROMETHEUS']!r}")
     return problems
+
+
+def is_error_status(status: Any) -> bool:
+    """A 4xx or 5xx HTTP status (an int): what a call that did not run may answer."""
+    return isinstance(status, int) and not isinstance(status, bool) and 400 <= status <= 599
+
+
+def _positive(value: Any) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and 0 < value < float("inf"))
 
 
 def lock_options() -> dict[str, Any]:

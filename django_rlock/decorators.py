@@ -14,12 +14,14 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol, TypeVar
 
+from . import answers
+from .answers import UNAVAILABLE, backend_up
 from .engine import LockBusy, RLock, events
+from .engine.base import ttl_seconds
 from .engine.listing import describe_holders
 from .lockspec import (  # the spec's names, where they always were
     FENCE_TOKEN,
@@ -109,14 +111,34 @@ def holders_of(lock: Any, client: Any = None) -> str:
     return describe_holders(client if client is not None else lock.client, lock.key, lock.prefix)
 
 
-def busy_response(spec: LockSpec, busy: LockBusy) -> Any:
-    from django.http import HttpResponse
+def busy_response(spec: LockSpec, busy: LockBusy, request: Any = None) -> Any:
+    """The response of a view turned away (``django_rlock.answers``)."""
+    return answers.busy_response(spec, busy, request)
 
-    response = HttpResponse(spec.busy_body(busy),
-                            status=spec.busy_status(), content_type="text/plain; charset=utf-8")
-    if busy.ttl is not None and not math.isinf(busy.ttl):
-        response["Retry-After"] = str(max(1, math.ceil(busy.ttl)))
-    return response
+
+def busy_ttl(lock: Any) -> float | None:
+    """The holder's remaining lease as the failed attempt returned it (no round trip); a lock
+    that does not keep it (a MultiLock, a permit) reads it now."""
+    ms = getattr(lock, "busy_ttl_ms", None)
+    return ttl_seconds(ms) if ms is not None else lock.remaining_ttl()
+
+
+async def abusy_ttl(lock: Any) -> float | None:
+    ms = getattr(lock, "busy_ttl_ms", None)
+    return ttl_seconds(ms) if ms is not None else await lock.remaining_ttl()
+
+
+def unavailable(spec: LockSpec, name: str | None, exc: BaseException,
+                args: tuple[Any, ...]) -> Any:
+    """A call whose lock backend did not answer: a view's response (503), or None to raise.
+
+    Counted as an outage (one WARNING), and told to ``backend_unavailable`` listeners."""
+    answers.backend_down(spec, name, exc)
+    if args and _is_request(args[0]):
+        status = answers.unavailable_status()
+        if status != "raise":
+            return answers.unavailable_response(spec, args[0], int(status))
+    return None
 
 
 def _on_busy(spec: LockSpec, wrapper: Callable[..., Any], busy: LockBusy, args: tuple[Any, ...],
@@ -127,7 +149,7 @@ def _on_busy(spec: LockSpec, wrapper: Callable[..., Any], busy: LockBusy, args: 
         return on_busy(busy, *args, **kwargs)
     if on_busy is None:
         if args and _is_request(args[0]):
-            return busy_response(spec, busy)
+            return answers.busy_response(spec, busy, args[0])
         on_busy = "skip" if _task_of(args, wrapper) is not None else "raise"
     if on_busy == "raise":
         raise busy
@@ -135,7 +157,8 @@ def _on_busy(spec: LockSpec, wrapper: Callable[..., Any], busy: LockBusy, args: 
         if _task_hooks is None:
             raise TypeError(f"on_busy='retry' needs Celery: import django_rlock.celery (lock "
                             f"{busy.name!r})")
-        return _task_hooks.retry(busy, _task_hooks.task_of(args, wrapper))
+        return _task_hooks.retry(busy, _task_hooks.task_of(args, wrapper),
+                                 answers.retry_after(spec, busy.ttl))
     # "skip" and "wait" (which has already waited)
     logger.info("django-rlock: skipped %s: lock %r is held by %s",
                 getattr(wrapper, "__qualname__", spec.label), busy.name, holders())
@@ -309,6 +332,11 @@ def decorator(spec: LockSpec) -> Callable[[F], F]:
     "lock" is one permit of a semaphore behind the same API)."""
 
     def decorate(func: F) -> F:
+        if inspect.isclass(func):
+            hint = (f"\n\n    @method_decorator({spec.decorator}(...), name=\"dispatch\")\n"
+                    f"    class {func.__name__}(...): ...") if hasattr(func, "as_view") else ""
+            raise TypeError(f"{spec.decorator}({spec.label!r}) decorates functions and methods, "
+                            f"not the class {func.__qualname__}{hint}")
         if hasattr(func, "apply_async") and hasattr(func, "run"):
             raise TypeError(
                 f"{spec.decorator} was applied to the Celery task {getattr(func, 'name', func)!r};"
@@ -322,6 +350,18 @@ def decorator(spec: LockSpec) -> Callable[[F], F]:
         sig = inspect.signature(func, follow_wrapped=not isinstance(func, functools.partial))
         spec.check_signature(func, sig)
         spec.check_function(func, sig)
+        first = next(iter(sig.parameters), None)
+        if spec.on_busy == "retry" and first == "request":
+            raise TypeError(
+                f"{spec.decorator}({spec.label!r}, on_busy='retry') on the view "
+                f"{func.__qualname__}(): only a Celery task can retry; a view answers "
+                f"{spec.busy_status_text()} with Retry-After by default (or use wait=, or "
+                f"on_busy='raise')")
+        if spec.dedupe and first == "request":
+            raise TypeError(f"{spec.decorator}({spec.label!r}, dedupe=True) on the view "
+                            f"{func.__qualname__}(): de-duplication is for Celery tasks "
+                            f"(@shared_task(bind=True, base=LockedTask) outermost)")
+        times = spec.hold_times if spec.hold_at_least is None else None
 
         # Everything a call needs that depends on the function only is decided here, once.
         name_of = spec.name_builder(func, sig)
@@ -332,10 +372,19 @@ def decorator(spec: LockSpec) -> Callable[[F], F]:
             @functools.wraps(func)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
                 lock = spec.async_lock(name_of(args, kwargs))
-                if not await lock.try_lock(spec.wait, spec.lease):
-                    ttl = await lock.remaining_ttl()
+                try:
+                    got = await lock.try_lock(spec.wait, spec.lease)
+                    ttl = None if got else await abusy_ttl(lock)
+                except UNAVAILABLE as exc:
+                    response = unavailable(spec, lock.name, exc, args)
+                    if response is None:
+                        raise
+                    return response
+                backend_up(spec)
+                if not got:
                     return _on_busy(spec, async_wrapper, turned_away(spec, lock, ttl), args, kwargs,
                                     lambda: holders_of(lock, getattr(lock, "_sync_client", None)))
+                t0 = time.monotonic()
                 window = WindowRelease(spec, lock, func) if windowed else None
                 try:
                     return await func(*args, **(call_args(lock, func, kwargs) if fenced else kwargs))
@@ -344,6 +393,8 @@ def decorator(spec: LockSpec) -> Callable[[F], F]:
                         window.failed = True
                     raise
                 finally:
+                    if times is not None:
+                        times.add(time.monotonic() - t0)
                     if window is not None:
                         await window.aclose()
                     else:
@@ -368,15 +419,27 @@ def decorator(spec: LockSpec) -> Callable[[F], F]:
                     return _task_hooks.run(spec, sync_wrapper, func, name, task, args, kwargs,
                                            busy_in_task)
                 lock = spec.sync_lock(name)
-                if not lock.try_lock(spec.wait, spec.lease):
-                    busy = turned_away(spec, lock, lock.remaining_ttl())
+                try:
+                    got = lock.try_lock(spec.wait, spec.lease)
+                    ttl = None if got else busy_ttl(lock)
+                except UNAVAILABLE as exc:
+                    response = unavailable(spec, name, exc, args)
+                    if response is None:
+                        raise
+                    return response
+                backend_up(spec)
+                if not got:
+                    busy = turned_away(spec, lock, ttl)
                     return _on_busy(spec, sync_wrapper, busy, args, kwargs, lambda: holders_of(lock))
                 if windowed:
                     return run_windowed(spec, lock, func, args, kwargs, _hold_past_call)
                 hold = _hold_past_call(spec, lock, func)
+                t0 = time.monotonic()
                 try:
                     return func(*args, **(call_args(lock, func, kwargs) if fenced else kwargs))
                 finally:
+                    if times is not None:
+                        times.add(time.monotonic() - t0)
                     if hold is None:
                         release_after_call(lock, func)
                     else:
@@ -392,7 +455,8 @@ def decorator(spec: LockSpec) -> Callable[[F], F]:
 
 
 __all__ = ["FENCE_TOKEN", "ON_BUSY", "AsyncFencedCall", "CallRelease", "FencedCall", "LockSpec",
-           "TaskHooks", "WindowRelease", "bound_arguments", "busy_response", "call_args",
+           "TaskHooks", "WindowRelease", "abusy_ttl", "bound_arguments", "busy_response",
+           "busy_ttl", "call_args", "unavailable",
            "decorator", "hold_for_call", "holders_of", "is_async_client", "locked",
            "register_task_hooks", "release_after_call", "run_windowed", "template_picks",
            "turned_away"]

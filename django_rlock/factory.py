@@ -10,7 +10,7 @@ re-exported here. Layering: ``conf``, ``connection``, ``kinds`` <- this module;
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from .conf import lock_options
 from .connection import cache_alias, get_client, get_prefix, multi_lock
@@ -21,9 +21,55 @@ __all__ = ["async_lock_of_kind", "cache_aliases", "check_kind", "check_permits",
            "get_latch", "get_lock", "get_semaphore", "lock_of_kind", "window_options"]
 
 
-def get_lock(name: str, *, cache: str | Sequence[str] | None = None, label: str | None = None,
-             quorum: bool = False, kind: str | None = None, max_hold: float | None = None,
-             warn_held_after: float | None = None) -> Any:
+if TYPE_CHECKING:  # what get_lock returns, per kind, for type checkers (mypy --strict)
+    from .engine import (
+        CountDownLatch,
+        FairLock,
+        FencedLock,
+        MultiLock,
+        PermitExpirableSemaphore,
+        ReadLock,
+        WriteLock,
+    )
+
+    @overload
+    def get_lock(name: str, *, cache: str | None = None, label: str | None = None,
+                 quorum: Literal[False] = False, kind: None = None,
+                 max_hold: float | None = None, warn_held_after: float | None = None) -> RLock: ...
+    @overload
+    def get_lock(name: str, *, cache: str | None = None, label: str | None = None,
+                 quorum: Literal[False] = False, kind: Literal["fair"],
+                 max_hold: float | None = None, warn_held_after: float | None = None
+                 ) -> FairLock: ...
+    @overload
+    def get_lock(name: str, *, cache: str | None = None, label: str | None = None,
+                 quorum: Literal[False] = False, kind: Literal["read"],
+                 max_hold: float | None = None, warn_held_after: float | None = None
+                 ) -> ReadLock: ...
+    @overload
+    def get_lock(name: str, *, cache: str | None = None, label: str | None = None,
+                 quorum: Literal[False] = False, kind: Literal["write"],
+                 max_hold: float | None = None, warn_held_after: float | None = None
+                 ) -> WriteLock: ...
+    @overload
+    def get_lock(name: str, *, cache: str | None = None, label: str | None = None,
+                 quorum: Literal[False] = False, kind: Literal["fenced"],
+                 max_hold: float | None = None, warn_held_after: float | None = None
+                 ) -> FencedLock: ...
+    @overload
+    def get_lock(name: str, *, cache: list[str] | tuple[str, ...], label: str | None = None,
+                 quorum: bool = False, kind: None = None, max_hold: float | None = None,
+                 warn_held_after: float | None = None) -> MultiLock: ...
+    @overload
+    def get_lock(name: str, *, cache: str | Sequence[str] | None = None,
+                 label: str | None = None, quorum: bool = False, kind: str | None = None,
+                 max_hold: float | None = None, warn_held_after: float | None = None
+                 ) -> RLock | MultiLock: ...
+
+
+def get_lock(name: str, *, cache: str | Sequence[str] | None = None,  # type: ignore[misc]
+             label: str | None = None, quorum: bool = False, kind: str | None = None,
+             max_hold: float | None = None, warn_held_after: float | None = None) -> Any:
     """A lock on the cache's Redis connection, with the configured prefix, watchdog and
     replica sync. ``label``: what events and metrics call it (a template, never the name).
 
@@ -66,7 +112,8 @@ def window_options(options: dict[str, Any], max_hold: Any, warn_held_after: Any,
     return options
 
 
-def get_semaphore(name: str, permits: int | None = None, *, cache: str | None = None) -> Any:
+def get_semaphore(name: str, permits: int | None = None, *,
+                  cache: str | None = None) -> PermitExpirableSemaphore:
     """A ``PermitExpirableSemaphore`` on the cache's Redis connection (prefix and watchdog
     timeout from the settings): permits taken without a lease are renewed while their holder
     lives and come back within ``WATCHDOG_TIMEOUT`` after a crash.
@@ -91,7 +138,7 @@ def get_semaphore(name: str, permits: int | None = None, *, cache: str | None = 
     return sem
 
 
-def get_latch(name: str, *, cache: str | None = None) -> Any:
+def get_latch(name: str, *, cache: str | None = None) -> CountDownLatch:
     """A ``CountDownLatch`` on the cache's Redis connection, at the configured prefix."""
     from .engine.lock import check_name
 

@@ -9,7 +9,7 @@ those of any ``Leader`` of the process (``engine.events``).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from .conf import lock_options
 from .connection import get_client, get_prefix
@@ -21,8 +21,20 @@ from .engine.leadership import check_group
 OPTIONS = ("watchdog_timeout", "on_elected", "on_revoked")
 
 
-def get_leader(group: str, cache: str | None = None, *, aio: bool = False,
-               **options: Any) -> Any:
+if TYPE_CHECKING:  # the Leader or AsyncLeader it returns, for type checkers
+    @overload
+    def get_leader(group: str, cache: str | None = None, *, aio: Literal[False] = False,
+                   **options: Any) -> Leader: ...
+    @overload
+    def get_leader(group: str, cache: str | None = None, *, aio: Literal[True],
+                   **options: Any) -> AsyncLeader: ...
+    @overload
+    def get_leader(group: str, cache: str | None = None, *, aio: bool,
+                   **options: Any) -> Leader | AsyncLeader: ...
+
+
+def get_leader(group: str, cache: str | None = None, *,  # type: ignore[misc]
+               aio: bool = False, **options: Any) -> Any:
     """A ``Leader`` of ``group`` (an ``AsyncLeader`` with ``aio=True``) on the cache's Redis
     connection, at the configured prefix; not started (``start()``, or ``with``).
 

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from .decorators import LockSpec, decorator, is_async_client
-from .engine.errors import LockBusy
+from .engine.lock import check_seconds
 from .engine.naming import suffix_name
 from .lockkinds import check_permits
 
@@ -35,6 +35,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 #: Retry-After (seconds) when no permit has an expiry to point at.
 DEFAULT_RETRY_AFTER = 1.0
+#: Seconds an idle semaphore of ``@limited`` lives on (no permit taken).
+IDLE_EXPIRY = 600.0
 #: Redisson's score of a permit that never expires.
 _NEVER_MS = 922337203685477
 
@@ -182,11 +184,14 @@ class LimitSpec(LockSpec):
 
     def __init__(self, template: str | Callable[..., str], permits: int, wait: float,
                  on_busy: str | Callable[..., Any] | None, cache: str | None, client: Any,
-                 prefix: str | None, status: int | None, until_commit: bool) -> None:
+                 prefix: str | None, status: int | None, until_commit: bool,
+                 idle_expiry: float | None = None) -> None:
         label = template if isinstance(template, str) else getattr(template, "__name__", "callable")
         if isinstance(cache, (list, tuple)):
             raise ValueError(f"@limited takes one cache alias, not a list (semaphore {label!r})")
         self.permits = check_permits(permits, str(label))
+        self.idle_expiry = None if idle_expiry is None else check_seconds(
+            idle_expiry, "idle_expiry", str(label), zero_ok=False)
         super().__init__(template, wait, None, on_busy, cache, client, prefix, status, False,
                          until_commit)
 
@@ -197,7 +202,8 @@ class LimitSpec(LockSpec):
         from .engine.semaphore import PermitExpirableSemaphore
 
         client, prefix, _ = self.where()
-        sem = PermitExpirableSemaphore(client, name, prefix, watchdog_timeout=self._watchdog())
+        sem = PermitExpirableSemaphore(client, name, prefix, watchdog_timeout=self._watchdog(),
+                                       idle_expiry=self.idle_expiry)
         return PermitCall(sem, self.permits, client)
 
     def async_lock(self, name: str) -> AsyncPermitCall:
@@ -210,7 +216,8 @@ class LimitSpec(LockSpec):
         else:
             aclient, sync = async_twin(client), client
         sem = AsyncPermitExpirableSemaphore(aclient, name, prefix,
-                                            watchdog_timeout=self._watchdog(), sync_client=sync)
+                                            watchdog_timeout=self._watchdog(), sync_client=sync,
+                                            idle_expiry=self.idle_expiry)
         return AsyncPermitCall(sem, self.permits, sync, aclient)
 
     def busy_status(self) -> int:
@@ -221,14 +228,22 @@ class LimitSpec(LockSpec):
                 f"{'' if ttl is None else f', the first expires in {ttl:.3f} s'}); gave up "
                 f"after {self.wait:g} s")
 
-    def busy_body(self, busy: LockBusy) -> str:
-        return f"Too Many Requests: {busy.name} runs at most {self.permits} at once.\n"
+    busy_code = "too_many_requests"
+
+    def busy_body(self, name: str | None, retry_after: int) -> str:
+        what = "this resource" if name is None else repr(name)
+        return (f"Too Many Requests: {what} runs at most {self.permits} at once, try again in "
+                f"{retry_after} s.\n")
+
+    def busy_status_text(self) -> str:
+        return "429" if self.status is None else str(self.status)
 
 
 def limited(template: str | Callable[..., str], *, permits: int, wait: float = 0,
             on_busy: str | Callable[..., Any] | None = None, cache: str | None = None,
             client: Any = None, prefix: str | None = None, status: int | None = None,
-            until_commit: bool = True) -> Callable[[F], F]:
+            until_commit: bool = True,
+            idle_expiry: float | None = IDLE_EXPIRY) -> Callable[[F], F]:
     """Run the decorated callable only while holding one of ``permits`` permits of the
     semaphore named by ``template`` (formatted as ``@locked``'s): at most ``permits`` runs
     at once, across threads, processes and hosts.
@@ -237,9 +252,12 @@ def limited(template: str | Callable[..., str], *, permits: int, wait: float = 0
     (views: a 429 response with ``Retry-After``, or ``status``; Celery tasks: skip;
     ``"wait"``/``"retry"``/``"raise"``/``"skip"``/a callable). ``cache``, ``client``,
     ``prefix``, ``until_commit``: as ``@locked``'s (one cache alias only).
+    ``idle_expiry``: seconds the semaphore lives on once no permit is taken (a per-user
+    template leaves no key behind per user); a permit taken makes it persistent again. None:
+    it lives until deleted.
     """
     return decorator(LimitSpec(template, permits, wait, on_busy, cache, client, prefix, status,
-                               until_commit))
+                               until_commit, idle_expiry))
 
 
 __all__ = ["AsyncPermitCall", "LimitSpec", "PermitCall", "limited"]

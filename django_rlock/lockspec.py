@@ -17,7 +17,8 @@ from typing import Any
 import redis
 import redis.asyncio
 
-from .engine import AsyncRLock, LockBusy, RLock
+from .answers import HoldTimes
+from .engine import AsyncRLock, RLock
 from .engine.clients import async_twin
 from .engine.lock import check_seconds
 from .engine.windows import check_window
@@ -174,8 +175,10 @@ class LockSpec:
                              f"or None, not {on_busy!r} (lock {label!r})")
         if on_busy == "wait" and not self.wait:
             raise ValueError(f"on_busy='wait' needs wait > 0 seconds (lock {label!r})")
-        if status is not None and not (isinstance(status, int) and 100 <= status <= 599):
-            raise ValueError(f"status must be an HTTP status code, not {status!r} (lock {label!r})")
+        if status is not None and not (isinstance(status, int) and not isinstance(status, bool)
+                                       and 400 <= status <= 599):
+            raise ValueError(f"status must be a 4xx or 5xx HTTP status code, not {status!r} "
+                             f"(lock {label!r})")
         if prefix is not None and not isinstance(prefix, str):
             raise TypeError(f"prefix must be a str (lock {label!r})")
         self.template = template
@@ -226,6 +229,8 @@ class LockSpec:
         self.until_commit = bool(until_commit)
         self._fixed_place: _Place | None = None
         self._settings_place: _Place | None = None
+        #: Recent hold times of this template in this process: the busy answer's estimate.
+        self.hold_times: HoldTimes | None = HoldTimes()
 
     # -- names ------------------------------------------------------------------------------
     def check_signature(self, func: Callable[..., Any], sig: inspect.Signature) -> None:
@@ -388,9 +393,17 @@ class LockSpec:
                 f"{'' if ttl is None else f', {ttl:.3f} s left'}); gave up after "
                 f"{self.wait:g} s")
 
-    def busy_body(self, busy: LockBusy) -> str:
-        """The body of a busy view's response."""
-        return f"Locked: {busy.name} is busy, try again later.\n"
+    #: The ``error`` of a busy view's JSON body.
+    busy_code = "locked"
+
+    def busy_body(self, name: str | None, retry_after: int) -> str:
+        """The body of a busy view's response; ``name`` only with ``BUSY_EXPOSE_NAME``."""
+        what = "this resource" if name is None else repr(name)
+        return f"Locked: {what} is busy, try again in {retry_after} s.\n"
+
+    def busy_status_text(self) -> str:
+        return "a busy status (RLOCK['BUSY_STATUS'], 423)" if self.status is None else str(
+            self.status)
 
     def busy_status(self) -> int:
         if self.status is not None:

@@ -24,12 +24,10 @@ fighting over one key would limit nothing. Change it with ``get_rate_limiter(nam
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from .decorators import LockSpec, decorator, is_async_client
-from .engine.errors import LockBusy
 from .engine.ratelimit import Grant, RateLimited, RateLimiter, parse_rate
 
 logger = logging.getLogger("django_rlock")
@@ -117,6 +115,7 @@ class RateSpec(LockSpec):
         self._warned = False
         super().__init__(template, wait, None, on_busy, cache, client, prefix, status, False,
                          until_commit=False)
+        self.hold_times = None  # Retry-After is the limiter's own exact wait
 
     def _limiter_options(self) -> dict[str, Any]:
         # Expires one interval after its last grant (plus a second: the grant still counts
@@ -161,9 +160,14 @@ class RateSpec(LockSpec):
                 f"{'' if ttl is None else f', the next in {ttl:.3f} s'}; gave up after "
                 f"{self.wait:g} s")
 
-    def busy_body(self, busy: LockBusy) -> str:
-        after = "" if busy.ttl is None else f" Retry after {max(1, math.ceil(busy.ttl))} s."
-        return f"Too Many Requests: {busy.name} allows {self.rate_text}.{after}\n"
+    busy_code = "rate_limited"
+
+    def busy_body(self, name: str | None, retry_after: int) -> str:
+        what = "this resource" if name is None else repr(name)
+        return f"Too Many Requests: {what} allows {self.rate_text}. Retry after {retry_after} s.\n"
+
+    def busy_status_text(self) -> str:
+        return "429" if self.status is None else str(self.status)
 
 
 def rate_limited(template: str | Callable[..., str], rate: Any = "100/m", *, permits: int = 1,

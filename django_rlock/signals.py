@@ -10,6 +10,10 @@ engine event's (see ``django_rlock.engine.events``):
 - ``lock_held_long``: ``owner``, ``held``, ``threshold``: held longer than ``warn_held_after``
   (once per hold).
 - ``lock_busy``: ``ttl``: a ``@locked`` call turned away.
+- ``lock_backend_unavailable``: ``backend``, ``error``, ``first``: a ``@locked`` /
+  ``@limited`` / ``@rate_limited`` call turned away (a view's 503, a task's retry) because its
+  Redis did not answer; ``first`` is True for the first such call of an outage (the one the
+  WARNING is logged for). ``key`` is None.
 - ``lock_force_unlocked``: ``deleted``, and ``user``: the admin user, or ``None`` (the
   ``locks clear`` command, or code calling ``force_unlock()``).
 - ``leader_elected``: ``group``, ``term``: a ``Leader`` of this process won a term.
@@ -45,6 +49,7 @@ lock_force_unlocked = Signal()
 leader_elected = Signal()
 leader_revoked = Signal()
 lock_held_long = Signal()
+lock_backend_unavailable = Signal()
 
 _SIGNALS = {
     "acquired": lock_acquired,
@@ -55,6 +60,7 @@ _SIGNALS = {
     "leader_elected": leader_elected,
     "leader_revoked": leader_revoked,
     "held_long": lock_held_long,
+    "backend_unavailable": lock_backend_unavailable,
 }
 
 _user: contextvars.ContextVar[Any] = contextvars.ContextVar("django_rlock_force_user", default=None)

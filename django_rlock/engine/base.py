@@ -303,9 +303,17 @@ class LockBase(releasing.Releasing, SlotBound):
     def _force_args(self) -> tuple[Any, ...]:
         return (UNLOCK_MESSAGE,)
 
+    #: The holder's remaining lease (ms) that this object's last failed attempt returned: a
+    #: busy answer's Retry-After without a second round trip (PTTL read later says nothing
+    #: if the holder released in between). None: no attempt failed yet.
+    busy_ttl_ms: int | None = None
+
     def _ttl_of(self, reply: Any) -> int | None:
         """The acquire reply as None (acquired) or a wait bound in ms."""
-        return None if reply is None else int(reply)
+        if reply is None:
+            return None
+        self.busy_ttl_ms = ttl = int(reply)
+        return ttl
 
     def _wait_channel(self, field: str) -> bytes:
         """Where this owner's wake-up comes (a fair lock has one per waiter)."""

@@ -16,6 +16,10 @@ labels, where the name is not), plus:
   ``warn_held_after`` (once per hold, from the watchdog's sweep, said on a pool thread).
 - ``busy``: ``ttl`` (seconds left on the holder's lease, or None): a ``@locked`` call turned away.
 - ``force_unlocked``: ``deleted`` (whether a lock was there).
+- ``backend_unavailable``: ``backend`` (the cache alias, in words), ``error`` (the redis
+  exception), ``first`` (the first call of an outage; the outage ends at the next call that
+  reaches the server): a decorated call turned away because Redis did not answer. ``key`` is
+  None.
 - ``leader_started``, ``leader_elected``, ``leader_revoked``: a ``Leader`` of this process began
   to campaign, won a term, lost or left it; ``group``, and ``term`` (elected, revoked) and
   ``reason`` (revoked: ``"stopped"``, ``"lost"``, ``"in doubt"``). ``label`` is the group's
@@ -35,7 +39,7 @@ from typing import Any
 logger = logging.getLogger("django_rlock")
 
 EVENTS = ("acquired", "released", "lost", "busy", "force_unlocked", "held_long", "leader_started",
-          "leader_elected", "leader_revoked")
+          "leader_elected", "leader_revoked", "backend_unavailable")
 
 Listener = Callable[[str, dict[str, Any]], Any]
 

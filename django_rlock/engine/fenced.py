@@ -76,6 +76,7 @@ class _Fenced:
     def _ttl_of(self, reply: Any) -> int | None:
         ttl, token = int(reply[0]), int(reply[1])
         if token == -1:  # not acquired; ttl -1 is a holder without expiry, not a grant
+            self.busy_ttl_ms = ttl
             return ttl
         box = _token_box.get()
         if box is not None:

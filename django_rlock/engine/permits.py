@@ -59,9 +59,19 @@ class _PermitsBase(Named):
 
     def __init__(self, client: Any, name: str, prefix: str = "", watchdog_timeout: float = 30.0,
                  *, aio: bool = False, sync_client: Any = None, max_hold: float | None = None,
-                 warn_held_after: float | None = None) -> None:
+                 warn_held_after: float | None = None, idle_expiry: float | None = None) -> None:
         super().__init__(client, name, prefix, aio=aio, sync_client=sync_client)
         wt = check_seconds(watchdog_timeout, "watchdog_timeout", name, zero_ok=False)
+        #: ``idle_expiry`` seconds: the semaphore expires that long after a release leaves no
+        #: permit taken, and a permit taken makes it persistent again (``@limited``'s per-user
+        #: names do not pile up). None: it lives until deleted, as Redisson's does.
+        if idle_expiry is None:
+            self._acquire_extra: tuple[Any, ...] = ()
+            self._release_extra: tuple[Any, ...] = ()
+        else:
+            idle = check_seconds(idle_expiry, "idle_expiry", name, zero_ok=False)
+            self._acquire_extra = ("1",)
+            self._release_extra = (max(1, math.ceil(idle * 1000)),)
         self.watchdog_timeout = wt
         #: Time windows of each permit taken (``windows``): a renewed permit is never renewed
         #: past ``max_hold`` (it expires then); a lease may not be longer.
@@ -105,7 +115,8 @@ class _PermitsBase(Named):
         watchdog().acquired(
             self._hold_key(permit_id), self._sync_client, self.name, self._watchdog_ms, True,
             self.watchdog_timeout, None, scripts_keys=self._keys,
-            kind=HoldKind(PES_RENEW_SCRIPT, self.timeout_key, PES_RELEASE_SCRIPT, (permit_id,)),
+            kind=HoldKind(PES_RENEW_SCRIPT, self.timeout_key, PES_RELEASE_SCRIPT,
+                          (permit_id, *self._release_extra)),
             since=sent, max_hold=self.max_hold, warn_after=self.warn_held_after)
         return time.monotonic() - sent <= self._watchdog_ms / 2000.0
 
@@ -151,9 +162,9 @@ class PermitExpirableSemaphore(_PermitsBase):
 
     def __init__(self, client: Any, name: str, prefix: str = "",
                  watchdog_timeout: float = 30.0, *, max_hold: float | None = None,
-                 warn_held_after: float | None = None) -> None:
+                 warn_held_after: float | None = None, idle_expiry: float | None = None) -> None:
         super().__init__(client, name, prefix, watchdog_timeout, max_hold=max_hold,
-                         warn_held_after=warn_held_after)
+                         warn_held_after=warn_held_after, idle_expiry=idle_expiry)
 
     def try_set_permits(self, permits: int) -> bool:
         """Set the count if the semaphore has none yet; True if it was set."""
@@ -181,7 +192,7 @@ class PermitExpirableSemaphore(_PermitsBase):
         def attempt() -> int | None:
             sent = time.monotonic()
             ttl = self._ttl_of(call_once(self._client, PES_ACQUIRE_SCRIPT, self._keys,
-                                         (permit_id, ms)))
+                                         (permit_id, ms, *self._acquire_extra)))
             if ttl is None and lease_ms is None and not self._renewed(permit_id, sent):
                 again = time.monotonic()
                 return self._late_checked(permit_id, again, call_once(
@@ -200,7 +211,8 @@ class PermitExpirableSemaphore(_PermitsBase):
         """Give the permit back; False if it was released already, expired or never existed."""
         pid = self._permit(permit_id)
         self._unrenewed(pid)  # in doubt (an error), it expires within the watchdog timeout
-        return bool(call_once(self._client, PES_RELEASE_SCRIPT, self._keys, (pid,)))
+        return bool(call_once(self._client, PES_RELEASE_SCRIPT, self._keys,
+                              (pid, *self._release_extra)))
 
     def update_lease_time(self, permit_id: str, lease_time: float) -> bool:
         """Make the permit expire ``lease_time`` seconds from now (no longer renewed by the
@@ -237,10 +249,10 @@ class AsyncPermitExpirableSemaphore(_PermitsBase):
 
     def __init__(self, client: Any, name: str, prefix: str = "", watchdog_timeout: float = 30.0,
                  *, sync_client: Any = None, max_hold: float | None = None,
-                 warn_held_after: float | None = None) -> None:
+                 warn_held_after: float | None = None, idle_expiry: float | None = None) -> None:
         super().__init__(client, name, prefix, watchdog_timeout, aio=True,
                          sync_client=sync_client, max_hold=max_hold,
-                         warn_held_after=warn_held_after)
+                         warn_held_after=warn_held_after, idle_expiry=idle_expiry)
 
     async def try_set_permits(self, permits: int) -> bool:
         n = self._count(permits)
@@ -264,10 +276,11 @@ class AsyncPermitExpirableSemaphore(_PermitsBase):
 
         async def send() -> int | None:
             return self._ttl_of(await acall_once(self._client, PES_ACQUIRE_SCRIPT, self._keys,
-                                                 (permit_id, ms)))
+                                                 (permit_id, ms, *self._acquire_extra)))
 
         async def undo() -> None:
-            await acall_once(self._client, PES_RELEASE_SCRIPT, self._keys, (permit_id,))
+            await acall_once(self._client, PES_RELEASE_SCRIPT, self._keys,
+                             (permit_id, *self._release_extra))
 
         async def attempt() -> int | None:
             sent = time.monotonic()
@@ -288,7 +301,7 @@ class AsyncPermitExpirableSemaphore(_PermitsBase):
         pid = self._permit(permit_id)
         self._unrenewed(pid)
         return bool(await asyncio.shield(acall_once(self._client, PES_RELEASE_SCRIPT,
-                                                    self._keys, (pid,))))
+                                                    self._keys, (pid, *self._release_extra))))
 
     async def update_lease_time(self, permit_id: str, lease_time: float) -> bool:
         pid = self._permit(permit_id)
