@@ -40,7 +40,8 @@ def test_a_lock_is_indexed_from_acquire_to_release_with_its_holder(r, holders):
 def test_listing_shows_holder_details_and_uses_no_scan(r, holders):
     h = holders()
     h.thread.name = "exporter"
-    h.call(RLock(r, "shown", prefix="p:").lock)
+    shown = RLock(r, "shown", prefix="p:")
+    h.call(shown.lock)
     time.sleep(0.2)
     r.config_resetstat()
     locks = Locks(r, "p:")
@@ -52,6 +53,7 @@ def test_listing_shows_holder_details_and_uses_no_scan(r, holders):
                                      "process", "thread", "held_for"}
     assert "cmdstat_scan" not in r.info("commandstats")
     assert "exporter" in describe_holders(r, "p:shown", "p:")
+    h.call(shown.unlock)  # leave no hold for the watchdog of later tests
 
 
 def test_a_foreign_holder_is_found_by_scan_only_with_unknown_details(r):
