@@ -54,55 +54,60 @@ def _sync(where: dict[str, Any]) -> Any:
 
 
 async def _pairs(where: dict[str, Any], rounds: int, seconds: float) -> dict[str, list[float]]:
-    from redis.asyncio.lock import Lock as ALock
-
-    from django_rlock.engine import AsyncRLock
     out: dict[str, list[float]] = {"floor": [], "AsyncRLock": [], "redis.asyncio Lock": [],
                                    "AsyncRLock ratio": [], "redis.asyncio Lock ratio": []}
     for r in range(rounds):
-        c1, c2, c3 = _clients(where, 3)
-        sync = _sync(where)
-        sha = sync.script_load("return 1")
-        lock = AsyncRLock(c2, f"bench:aio:{r}", sync_client=sync)
-        alock = ALock(c3, f"bench:aioredis:{r}", timeout=30)
-
-        async def floor() -> None:
-            await c1.evalsha(sha, 0)
-            await c1.evalsha(sha, 0)
-
-        async def rlock() -> None:
-            await lock.lock()
-            await lock.unlock()
-
-        async def redis_lock() -> None:
-            await alock.acquire()
-            await alock.release()
-
-        fns = {"floor": floor, "AsyncRLock": rlock, "redis.asyncio Lock": redis_lock}
-        for f in fns.values():
-            for _ in range(300):
-                await f()
-        lat: dict[str, list[int]] = {k: [] for k in fns}
-        names = list(fns)
-        names = names[r % 3:] + names[:r % 3]
-        now = time.perf_counter_ns
-        end = time.monotonic() + seconds * len(fns)
-        while time.monotonic() < end:
-            for k in names:
-                f, samples = fns[k], lat[k]
-                for _ in range(50):
-                    t = now()
-                    await f()
-                    samples.append(now() - t)
-        p50 = {k: statistics.median(v) / 1e3 for k, v in lat.items()}
+        p50 = await _round(where, r, seconds)
         for k, v in p50.items():
             out[k].append(v)
         out["AsyncRLock ratio"].append(p50["AsyncRLock"] / p50["floor"])
         out["redis.asyncio Lock ratio"].append(p50["redis.asyncio Lock"] / p50["floor"])
-        for c in (c1, c2, c3):
-            await c.aclose()
-        sync.close()
     return out
+
+
+async def _round(where: dict[str, Any], r: int, seconds: float) -> dict[str, float]:
+    """One round: the three take turns in blocks of 50 pairs (rotated order); p50 of each."""
+    from redis.asyncio.lock import Lock as ALock
+
+    from django_rlock.engine import AsyncRLock
+    c1, c2, c3 = _clients(where, 3)
+    sync = _sync(where)
+    sha = sync.script_load("return 1")
+    lock = AsyncRLock(c2, f"bench:aio:{r}", sync_client=sync)
+    alock = ALock(c3, f"bench:aioredis:{r}", timeout=30)
+
+    async def floor() -> None:
+        await c1.evalsha(sha, 0)
+        await c1.evalsha(sha, 0)
+
+    async def rlock() -> None:
+        await lock.lock()
+        await lock.unlock()
+
+    async def redis_lock() -> None:
+        await alock.acquire()
+        await alock.release()
+
+    fns = {"floor": floor, "AsyncRLock": rlock, "redis.asyncio Lock": redis_lock}
+    for f in fns.values():
+        for _ in range(300):
+            await f()
+    lat: dict[str, list[int]] = {k: [] for k in fns}
+    names = list(fns)
+    names = names[r % 3:] + names[:r % 3]
+    now = time.perf_counter_ns
+    end = time.monotonic() + seconds * len(fns)
+    while time.monotonic() < end:
+        for k in names:
+            f, samples = fns[k], lat[k]
+            for _ in range(50):
+                t = now()
+                await f()
+                samples.append(now() - t)
+    for c in (c1, c2, c3):
+        await c.aclose()
+    sync.close()
+    return {k: statistics.median(v) / 1e3 for k, v in lat.items()}
 
 
 def _contender(where: dict[str, Any], code: str | None, lib: str, tasks: int, seconds: float,

@@ -24,7 +24,7 @@ from redis.exceptions import (
     TryAgainError,
 )
 
-from .aiopool import closed_while_idle, drained, written
+from .aiopool import closed_while_idle, drained, kept, written
 from .clients import (
     async_twin,
     cluster_of,
@@ -364,8 +364,9 @@ async def ashielded(client: Any, script: Script, keys: tuple[Any, ...],
         return await shielded_task(acall_once(client, script, keys, args))
     sent = script.on(client)
     pool = client.connection_pool
+    home = kept(pool) or pool  # where the connection goes back: kept, or into the pool
     try:
-        conn = await pool.get_connection()
+        conn = await home.take(pool) if home is not pool else await pool.get_connection()
     except (ConnectionError, TimeoutError):
         if cluster_of(client) is None:
             raise
@@ -374,34 +375,34 @@ async def ashielded(client: Any, script: Script, keys: tuple[Any, ...],
         await _aready(client, conn)
         ok = written(conn, conn.pack_command("EVALSHA", sent.sha, len(keys), *keys, *args))
     except _NotSent:  # a cluster node we could not connect to again: nothing was written
-        await pool.release(conn)
+        await home.release(conn)
         return await shielded_task(acall_once(client, script, keys, args))
     except BaseException:
-        await pool.release(conn)
+        await home.release(conn)
         raise  # nothing written: nothing ran
     if not ok:
-        await pool.release(conn)
+        await home.release(conn)
         return await shielded_task(acall_once(client, script, keys, args))
     err: ResponseError | None = None
     try:
         await drained(conn)
         reply = await _reply(conn)
     except asyncio.CancelledError as exc:
-        raise Cut(asyncio.ensure_future(_rest(client, pool, conn, script, keys, args)),
+        raise Cut(asyncio.ensure_future(_rest(client, home, conn, script, keys, args)),
                   exc) from None
     except ResponseError as exc:
         reply, err = None, exc
     except (ConnectionError, TimeoutError) as exc:
-        await pool.release(conn)
+        await home.release(conn)
         cluster = cluster_of(client)
         if cluster is not None:
             refresh(cluster, exc)
         raise
     except BaseException:
-        await pool.release(conn)
+        await home.release(conn)
         raise
     try:
-        await pool.release(conn)
+        await home.release(conn)
     except asyncio.CancelledError as exc:  # the reply is in: the caller must still see it
         raise Cut(asyncio.ensure_future(_settled(client, reply, err, script, keys, args)),
                   exc) from None
@@ -427,26 +428,26 @@ async def _reply(conn: Any) -> Any:
         raise
 
 
-async def _rest(client: Any, pool: Any, conn: Any, script: Script, keys: tuple[Any, ...],
+async def _rest(client: Any, home: Any, conn: Any, script: Script, keys: tuple[Any, ...],
                 args: tuple[Any, ...]) -> Any:
     """What a ``Cut`` left: the reply (its connection given back), as ``acall_once`` reads it."""
     try:
         await drained(conn)
         reply = await _reply(conn)
     except ResponseError as exc:
-        await pool.release(conn)
+        await home.release(conn)
         return await _after_error(client, exc, script, keys, args)
     except asyncio.CancelledError:
         await conn.disconnect(nowait=True)  # abandoned mid-reply (its loop is closing)
-        await pool.release(conn)
+        await home.release(conn)
         raise
     except BaseException as exc:
-        await pool.release(conn)
+        await home.release(conn)
         cluster = cluster_of(client)
         if cluster is not None and isinstance(exc, (ConnectionError, TimeoutError)):
             refresh(cluster, exc)
         raise
-    await pool.release(conn)
+    await home.release(conn)
     return reply
 
 
