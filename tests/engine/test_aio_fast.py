@@ -144,3 +144,35 @@ def test_an_acquire_cancelled_before_it_was_written_sends_nothing(redis_server, 
         await client.aclose()
 
     asyncio.run(main())
+
+
+def test_the_connection_kept_for_lock_scripts_is_the_pools_and_closes_with_it(redis_server, r):
+    """One connection serves a task's pairs (not one per script), it is counted by the pool,
+    a second task running meanwhile borrows another, and ``aclose()`` closes them all."""
+
+    def clients() -> int:
+        return sum(1 for c in r.client_list() if c.get("name") == "fast-kept")
+
+    async def main() -> None:
+        base = 0
+        client = redis.asyncio.Redis(unix_socket_path=redis_server.socket, client_name="fast-kept")
+        lock = AsyncRLock(client, "fast:kept", sync_client=r, sync_replicas=None)
+        for _ in range(PAIRS):
+            await lock.lock()
+            await lock.unlock()
+        assert clients() == base + 1
+
+        async def other(name: str) -> None:
+            other_lock = AsyncRLock(client, name, sync_client=r, sync_replicas=None)
+            for _ in range(20):
+                await other_lock.lock()
+                await asyncio.sleep(0)
+                await other_lock.unlock()
+
+        await asyncio.gather(other("fast:a"), other("fast:b"))
+        assert not r.exists("fast:a") and not r.exists("fast:b")
+        assert clients() >= base + 2  # the kept one was busy: the pool lent another
+        await client.aclose()
+        assert clients() == base
+
+    asyncio.run(main())
