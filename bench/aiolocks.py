@@ -54,14 +54,12 @@ def _sync(where: dict[str, Any]) -> Any:
 
 
 async def _pairs(where: dict[str, Any], rounds: int, seconds: float) -> dict[str, list[float]]:
-    out: dict[str, list[float]] = {"floor": [], "AsyncRLock": [], "redis.asyncio Lock": [],
-                                   "AsyncRLock ratio": [], "redis.asyncio Lock ratio": []}
+    out: dict[str, list[float]] = {}
     for r in range(rounds):
         p50 = await _round(where, r, seconds)
         for k, v in p50.items():
-            out[k].append(v)
-        out["AsyncRLock ratio"].append(p50["AsyncRLock"] / p50["floor"])
-        out["redis.asyncio Lock ratio"].append(p50["redis.asyncio Lock"] / p50["floor"])
+            out.setdefault(k, []).append(v)
+            out.setdefault(f"{k} ratio", []).append(v / p50["floor"])
     return out
 
 
@@ -70,11 +68,28 @@ async def _round(where: dict[str, Any], r: int, seconds: float) -> dict[str, flo
     from redis.asyncio.lock import Lock as ALock
 
     from django_rlock.engine import AsyncRLock
-    c1, c2, c3 = _clients(where, 3)
+    from django_rlock.engine.naming import (
+        UNLOCK_MESSAGE,
+        grant_channel,
+        handoff_queue,
+        handoff_waiters,
+        index_key,
+        lock_channel,
+    )
+    from django_rlock.engine.scripts import ACQUIRE, RELEASE
+    c1, c2, c3, c4 = _clients(where, 4)
     sync = _sync(where)
     sha = sync.script_load("return 1")
     lock = AsyncRLock(c2, f"bench:aio:{r}", sync_client=sync)
     alock = ALock(c3, f"bench:aioredis:{r}", timeout=30)
+    # The same two scripts with AsyncRLock's keys and arguments, sent by hand: their cost.
+    key, field = f"bench:aiohand:{r}", "bench-by-hand:1"
+    akeys = (key, index_key("", None))
+    aargs = (30000, field, "{}", "")
+    rkeys = (key, lock_channel(key).encode(), akeys[1], handoff_queue(key),
+             handoff_waiters(key), grant_channel(key).encode())
+    rargs = (field, 30000, UNLOCK_MESSAGE)
+    asha, rsha = sync.script_load(ACQUIRE), sync.script_load(RELEASE)
 
     async def floor() -> None:
         await c1.evalsha(sha, 0)
@@ -88,13 +103,18 @@ async def _round(where: dict[str, Any], r: int, seconds: float) -> dict[str, flo
         await alock.acquire()
         await alock.release()
 
-    fns = {"floor": floor, "AsyncRLock": rlock, "redis.asyncio Lock": redis_lock}
+    async def scripts() -> None:
+        await c4.evalsha(asha, len(akeys), *akeys, *aargs)
+        await c4.evalsha(rsha, len(rkeys), *rkeys, *rargs)
+
+    fns = {"floor": floor, "AsyncRLock": rlock, "redis.asyncio Lock": redis_lock,
+           "its two scripts by hand": scripts}
     for f in fns.values():
         for _ in range(300):
             await f()
     lat: dict[str, list[int]] = {k: [] for k in fns}
     names = list(fns)
-    names = names[r % 3:] + names[:r % 3]
+    names = names[r % len(names):] + names[:r % len(names)]
     now = time.perf_counter_ns
     end = time.monotonic() + seconds * len(fns)
     while time.monotonic() < end:
@@ -104,7 +124,7 @@ async def _round(where: dict[str, Any], r: int, seconds: float) -> dict[str, flo
                 t = now()
                 await f()
                 samples.append(now() - t)
-    for c in (c1, c2, c3):
+    for c in (c1, c2, c3, c4):
         await c.aclose()
     sync.close()
     return {k: statistics.median(v) / 1e3 for k, v in lat.items()}
@@ -196,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
                 res = asyncio.run(_pairs(where, args.rounds, args.seconds))
                 print(f"\n{label}: one task, uncontended pair, median of {args.rounds} rounds")
                 print("| | p50 us | x floor (per round, median) |\n|---|---:|---:|")
-                for k in ("floor", "AsyncRLock", "redis.asyncio Lock"):
+                for k in ("floor", "AsyncRLock", "redis.asyncio Lock", "its two scripts by hand"):
                     ratio = statistics.median(res[f"{k} ratio"]) if k != "floor" else 1.0
                     print(f"| {k} | {statistics.median(res[k]):.1f} | {ratio:.2f} |")
             if "c" in args.only:
