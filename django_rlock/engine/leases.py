@@ -20,13 +20,9 @@ from . import events
 from .base import check_seconds
 from .errors import LockNotOwnedError
 from .lua import Script, source
-from .naming import UNLOCK_MESSAGE
+from .naming import LEASE_MARK, UNLOCK_MESSAGE
 
 LEASE_OUT_SCRIPT = Script(source("lease_out"))
-
-#: What the owner id's process part gets in a lease's field.
-LEASE_MARK = "~lease"
-
 
 def lease_field(field: str, owner: str) -> str:
     """The lease's hash field for an owner's ``field`` (which starts with ``owner``)."""

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .kinds import get
+from .naming import LEASE_MARK
 
 #: Redisson's score of a permit that never expires (Long.MAX_VALUE / 10000).
 NEVER_MS = 922337203685477
@@ -226,7 +227,10 @@ def holders_of(fields: dict[str, str], entry: dict[str, Any] | None, modes: bool
         if m is None or _COUNT.fullmatch(v) is None:
             return None
         holder = Holder(m.group(1), int(m.group(2)), int(v), write=write)
-        if entry is not None and describes(entry, f):
+        # A hold left as a lease (hold_at_least) keeps its holder's entry: the field is the
+        # holder's with LEASE_MARK after its process part.
+        if entry is not None and (describes(entry, f)
+                                  or describes(entry, f.replace(LEASE_MARK, "", 1))):
             holder = Holder(holder.client_id, holder.thread_id, holder.hold_count,
                             _str(entry.get("host")), _int(entry.get("pid")),
                             _str(entry.get("process")), _str(entry.get("thread")),

@@ -138,3 +138,8 @@ def rate_keys(key: str) -> tuple[str, str, str, str, str]:
 def rate_channel(key: str) -> str:
     """Where a change of a limiter's rate or budget is told to its waiters."""
     return _prefixed(RATE_CHANNEL_PREFIX, key)
+
+
+#: What the owner id's process part gets in the field of a hold turned into a lease
+#: (``leases.lease_field``: ``<process uuid>~lease:<serial>[:write]``).
+LEASE_MARK = "~lease"
