@@ -80,3 +80,4 @@ def test_a_queued_then_running_mark_is_listed_as_its_task(purged: None, admin_cl
     finally:
         runner.join(timeout=30)
     assert marks() == []  # finished: the mark is gone
+    queued.backend.remove_pending_result(queued)  # no worker will answer: stop listening now
