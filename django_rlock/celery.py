@@ -51,7 +51,7 @@ from .decorators import (
     run_windowed,
     turned_away,
 )
-from .engine import LockBusy, identity
+from .engine import LockBusy, taskmark
 from .engine.clients import for_key, index_for
 from .engine.scripts import MARK_CLAIM_SCRIPT, MARK_RELEASE_SCRIPT, call, call_once
 from .engine.watchdog import server_id, watchdog
@@ -163,7 +163,7 @@ class LockedTask(Task):
         keys = (key, index_for(client, prefix, key))
         try:
             holder = call(client, MARK_CLAIM_SCRIPT, keys,
-                          (field, ttl_ms, identity.thread_info(field)))
+                          (field, ttl_ms, taskmark.entry(field, taskmark.QUEUED, self.name)))
         except UNAVAILABLE as exc:
             # No mark without Redis: enqueue anyway. The run still takes its lock (and retries
             # while Redis is down), so a duplicate may run after this one, never beside it.
@@ -194,12 +194,13 @@ class _Mark:
         self.keys = (self.key, index_for(client, prefix, self.key))
         self.field = _field(task.request.id)
         self.k = (server_id(self.client), self.key, self.field)
+        self.name = task.name
         self.held = False
 
     def adopt(self) -> None:
         ms = max(1, math.ceil(self.watchdog_timeout * 1000))
         if call_once(self.client, MARK_CLAIM_SCRIPT, self.keys,
-                     (self.field, ms, identity.thread_info(self.field))) is None:
+                     (self.field, ms, taskmark.entry(self.field, taskmark.RUNNING, self.name))) is None:
             watchdog().acquired(self.k, self.client, self.key, ms, True, self.watchdog_timeout, None)
             self.held = True
         # else: an identical task holds it (ours expired in the queue); leave it alone

@@ -311,8 +311,10 @@ class Locks:
         if holders is None:
             return None
         probe["holders"] = holders
+        probe["entry"] = entry
         details = kind.details(probe, detail) if kind.details is not None else {}
-        return LockInfo(key[len(self.prefix):], key, ttl, holders, fields, kind.name, details)
+        return LockInfo(key[len(self.prefix):], key, ttl, holders if kind.owned else (), fields,
+                        kind.name, details)
 
     @staticmethod
     def _kind_of(entry: dict[str, Any] | None, default: str | None, layout: str,

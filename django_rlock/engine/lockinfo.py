@@ -139,9 +139,11 @@ def parse_entry(raw: Any) -> tuple[float, dict[str, Any]] | None:
 
     - format 2: ``<ms> <owner> <thread> <os thread id> <pid> <process> <host>``, each space
       being ``SEP`` (the unit separator), with ``SEP<kind>`` for a kind other than RLock's
-      (``identity.thread_info``); ``<owner>`` is the holder's field with its uuid cut to 8
-      characters (``identity.short_owner``). Written by a release of the previous release
-      (a hand-off), it has that release's ``<s>.<us> `` in front, which is then its since;
+      (``identity.thread_info``), and after it any parts of the kind's own (``more``: a task
+      mark's state and task name, ``taskmark.entry``); ``<owner>`` is the holder's field
+      with its uuid cut to 8 characters (``identity.short_owner``). Written by a release of
+      the previous release (a hand-off), it has that release's ``<s>.<us> `` in front,
+      which is then its since;
     - format 1: ``<s>.<us> <json>`` (``owner``, ``host``, ``pid``, ``process``, ``thread``,
       ``os_thread_id``, ``kind`` members), which the kinds without a holder still write.
     """
@@ -158,6 +160,8 @@ def parse_entry(raw: Any) -> tuple[float, dict[str, Any]] | None:
                                 "process": parts[5], "host": parts[6]}
         if len(parts) > 7 and parts[7]:
             info["kind"] = parts[7]
+        if len(parts) > 8:
+            info["more"] = parts[8:]  # the kind's own parts (a task mark's state and name)
         try:
             return (float(old) if old else int(ms) / 1000.0), info
         except ValueError:

@@ -94,12 +94,12 @@ def test_dedupe_positional_and_keyword_calls_are_one_task(locks, log):
     second = deduped.delay(a=1, b=2, hold=1.0)     # same call, bound canonically
     third = deduped.apply_async((1,), {"hold": 1.0})  # b defaults to 2: same call again
     assert second.id == first.id and third.id == first.id
-    # The mark is listed like a lock (from the index), its holder the task id.
+    # The mark is listed (from the index) as the task it stands for (tests/celery/test_marks.py).
     from django_rlock.engine.listing import Locks
 
     marks = [i for i in Locks(locks, "ct:rlock:").read(Locks(locks, "ct:rlock:").names("dedupe:*"))]
-    assert [h.client_id for i in marks for h in i.holders] == [first.id]
-    assert marks[0].holders[0].pid is not None
+    assert [(i.kind, i.details["task_id"]) for i in marks] == [("task", first.id)]
+    assert marks[0].details["by"]["pid"] is not None
     other = deduped.delay(1, b=3, hold=0.1)         # different arguments: enqueued...
     assert other.id != first.id
     assert first.get(timeout=20) == 3

@@ -128,3 +128,46 @@ def test_force_unlock_in_the_browser(browser: Any, live_server: Any, django_user
     assert "No locks are held." in browser.find_element(By.ID, "result_list").text
     assert not db1.exists(f"demo:rlock:{name}")
     assert proc.poll() is None  # the holder was not stopped, only its lock taken away
+
+
+def test_a_task_mark_keeps_force_unlock_on_screen_at_1366px(browser: Any, live_server: Any,
+                                                             django_user_model: Any,
+                                                             db1: redis.Redis) -> None:
+    """A de-dup mark with a long task name (#23 section 7): its row reads as a queued task, the
+    name is cut with its full text in the tooltip, and TTL and Force unlock stay in view."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from django_rlock.engine import taskmark
+    from django_rlock.engine.clients import index_for
+    from django_rlock.engine.scripts import MARK_CLAIM_SCRIPT, call
+
+    task = "shop.reporting.tasks.regenerate_the_monthly_sales_report_for_every_region_and_currency"
+    name = f"dedupe:{task}:0123456789abcdef01234567"
+    task_id = "5b0e2f4c-1d2a-4c3b-9e8f-7a6b5c4d3e2f"
+    key = f"demo:rlock:{name}"
+    field = f"{task_id}:0"
+    # What LockedTask.delay() writes (django_rlock.celery), without a broker.
+    assert call(db1, MARK_CLAIM_SCRIPT, (key, index_for(db1, "demo:rlock:", key)),
+                (field, 60_000, taskmark.entry(field, taskmark.QUEUED, task))) is None
+
+    browser.set_window_size(1366, 768)
+    wait = WebDriverWait(browser, 15)
+    django_user_model.objects.create_superuser("root", "root@example.com", "s3cret-pw")
+    browser.get(f"{live_server.url}/admin/login/?next=/admin/django_rlock/lock/")
+    wait.until(ec.presence_of_element_located((By.ID, "id_username"))).send_keys("root")
+    browser.find_element(By.ID, "id_password").send_keys("s3cret-pw")
+    browser.find_element(By.CSS_SELECTOR, "#login-form [type=submit]").click()
+
+    row = wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, f'tr.lock-row[data-name="{name}"]')))
+    assert row.find_element(By.CSS_SELECTOR, "td.kind").text == "task"
+    details = row.find_element(By.CSS_SELECTOR, "td.details span")
+    assert details.get_attribute("title") == f"queued {task} [{task_id}]"
+    assert row.find_element(By.CSS_SELECTOR, "th.field-name a").get_attribute("title") == name
+    viewport = browser.execute_script("return document.documentElement.clientWidth")
+    assert viewport <= 1366
+    for selector in ("td.ttl", "a.force-unlock"):
+        right = browser.execute_script("return arguments[0].getBoundingClientRect().right",
+                                       row.find_element(By.CSS_SELECTOR, selector))
+        assert right <= viewport, f"{selector} is off-screen ({right} > {viewport} px)"

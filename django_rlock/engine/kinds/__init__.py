@@ -24,7 +24,7 @@ from typing import Any
 #: recognition for keys found without an index entry (a SCAN): the first whose ``detect``
 #: says yes, else the layout's fallback (the kind without ``detect``).
 MODULES = ("rwlock", "fair", "fenced", "nonreentrant", "aio", "semaphore", "permits", "latch",
-           "leader", "ratelimit")
+           "leader", "ratelimit", "taskmark")
 
 #: A string key found by SCAN with no index entry: Redisson stores a semaphore and a latch
 #: alike (an integer string), so it is shown as either.
@@ -50,6 +50,8 @@ class Kind:
     few words, for a table cell; ``lines(details)``: them one per line (``locks show``).
     ``read(client, key)``: for a kind whose hash holds settings, not holders (a rate limiter):
     listing shows it with no holders and takes its details from this read (None: not one).
+    ``owned``: False for a kind whose hash field names no owner to show (a task mark's is the
+    task id): listing hands the holders to ``details`` and lists none.
     """
 
     name: str
@@ -64,6 +66,7 @@ class Kind:
     summary: Callable[[dict[str, Any]], str] | None = None
     lines: Callable[[dict[str, Any]], list[str]] | None = None
     read: Callable[[Any, str], dict[str, Any] | None] | None = None
+    owned: bool = True
     #: The module that declared it (``declare`` fills it in): its place in ``MODULES``.
     module: str = ""
 
