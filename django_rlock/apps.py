@@ -27,6 +27,7 @@ class RLockConfig(AppConfig):
         events.add_listener(forward)
         _load_celery_glue()
         _install_metrics()
+        _install_tracing()
         apply_wake_lines()
 
 
@@ -45,6 +46,28 @@ def _install_metrics() -> None:
         from . import prometheus
 
         prometheus.install()
+
+
+def _install_tracing() -> None:
+    """``RLOCK["OTEL"]``: None traces lock waits and holds when opentelemetry-api is installed
+    and a tracer provider is already set; True whenever it is installed; False never."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    from .conf import get_config
+
+    try:
+        wanted = get_config()["OTEL"]
+    except ImproperlyConfigured:
+        return
+    if wanted is False or importlib.util.find_spec("opentelemetry") is None:
+        return
+    try:
+        from . import tracing
+    except ImportError as exc:  # a broken install: say so, never stop Django
+        logger.warning("django-rlock: OpenTelemetry tracing not loaded: %s", exc)
+        return
+    if wanted or tracing.provider_set():
+        tracing.install()
 
 
 def _load_celery_glue() -> None:

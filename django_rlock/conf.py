@@ -28,6 +28,7 @@ class Config(TypedDict):
     SYNC_TIMEOUT: float
     PROMETHEUS: bool
     WAKE_LINES: int
+    OTEL: bool | None
 
 
 DEFAULTS: Config = {
@@ -57,6 +58,10 @@ DEFAULTS: Config = {
     # release in another process hands them the lock directly; 0: none (grants go through the
     # process's shared subscription).
     "WAKE_LINES": 32,
+    # OpenTelemetry spans of lock waits and holds (pip install django-rlock[otel]): None traces
+    # when a tracer provider is set as Django starts, True always (spans once one is set),
+    # False never.
+    "OTEL": None,
 }
 
 
@@ -121,6 +126,8 @@ def validate(config: Mapping[str, Any]) -> list[str]:
     lines = config["WAKE_LINES"]
     if isinstance(lines, bool) or not isinstance(lines, int) or lines < 0:
         problems.append(f"RLOCK['WAKE_LINES'] must be an int >= 0, got {lines!r}")
+    if config["OTEL"] not in (None, True, False):
+        problems.append(f"RLOCK['OTEL'] must be None, True or False, got {config['OTEL']!r}")
     if not isinstance(config["PROMETHEUS"], bool):
         problems.append(f"RLOCK['PROMETHEUS'] must be True or False, got {config['PROMETHEUS']!r}")
     return problems
