@@ -1,0 +1,93 @@
+"""The Debug Toolbar's Locks panel, rendered by the real toolbar middleware around a view that
+takes real locks (one free, one waited for and handed over, one refused)."""
+
+from __future__ import annotations
+
+import re
+import threading
+from typing import Any
+
+import pytest
+from django.http import HttpRequest, HttpResponse
+from django.urls import path
+
+pytest.importorskip("debug_toolbar")
+
+from django_rlock import get_lock, locked, toolbar
+
+#: Holder threads for the view (set by the test).
+state: dict[str, Any] = {}
+
+
+@locked("toolbar:{page}")
+def page(request: HttpRequest, page: str) -> HttpResponse:
+    waited = get_lock("toolbar-waited", label="waited")
+    release = state["waited_holder"]
+    threading.Timer(0.05, lambda: release.call(waited.unlock)).start()
+    with waited:  # held by another thread for 50 ms more: waited for, handed over
+        pass
+    refused = get_lock("toolbar-refused").try_lock()
+    return HttpResponse(f"<html><body><p>refused={refused}</p></body></html>")
+
+
+def __getattr__(name: str) -> Any:
+    # The toolbar's URLs import its models: only once "debug_toolbar" is installed (toolbar_on).
+    if name == "urlpatterns":
+        from debug_toolbar.toolbar import debug_toolbar_urls
+
+        return [path("page/<str:page>/", page), *debug_toolbar_urls()]
+    raise AttributeError(name)
+
+
+pytestmark = pytest.mark.urls(__name__)
+
+
+@pytest.fixture
+def toolbar_on(settings: Any) -> None:
+    settings.DEBUG = True
+    settings.INTERNAL_IPS = ["127.0.0.1"]
+    settings.INSTALLED_APPS = [*settings.INSTALLED_APPS, "debug_toolbar"]
+    settings.MIDDLEWARE = ["debug_toolbar.middleware.DebugToolbarMiddleware",
+                           *settings.MIDDLEWARE]
+    settings.DEBUG_TOOLBAR_PANELS = ["django_rlock.toolbar.LocksPanel"]
+    settings.DEBUG_TOOLBAR_CONFIG = {"RENDER_PANELS": True, "IS_RUNNING_TESTS": False}
+
+
+def rows(html: str) -> list[list[str]]:
+    body = html.split('id="LocksPanel"', 1)[1]
+    return [[re.sub(r"<[^>]+>", "", cell).strip()
+             for cell in re.findall(r"<td>(.*?)</td>", tr, re.S)]
+            for tr in re.findall(r'<tr class="djdt-rlock-[a-z]+">(.*?)</tr>', body, re.S)]
+
+
+def test_the_panel_lists_the_locks_the_request_took(client, toolbar_on, holders, hold):
+    state["waited_holder"] = h = holders()
+    h.call(get_lock("toolbar-waited").lock)
+    hold(get_lock("toolbar-refused"), thread="someone-else")
+    response = client.get("/page/7/")
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "refused=False" in html
+    got = rows(html)
+    names = [r[0] for r in got]
+    assert names == ["toolbar:7", "toolbar-waited", "toolbar-refused"], got
+    view, waited, refused = got
+    # name, label, kind, outcome, wait, handed over, held, end
+    assert view[1] == "toolbar:{page}" and view[3] == "acquired" and view[5] == ""
+    assert view[7] == "released" and float(view[6]) >= 50  # held across the 50 ms wait
+    assert waited[1:4] == ["waited", "RLock", "acquired"] and waited[5] == "yes"
+    assert float(waited[4]) >= 40 and waited[7] == "released"
+    assert refused[3] == "busy" and refused[6] == "" and refused[2] == "RLock"
+    assert "3 locks" in html  # the sidebar's subtitle
+    # Over with the request: nothing of it is left behind, and later locks are not recorded.
+    assert not toolbar._waiting and not toolbar._holding
+    with get_lock("after"):
+        pass
+
+
+def test_without_the_toolbar_the_listener_is_a_no_op(client, hold):
+    """The module may be installed (a previous request) while no request is instrumented."""
+    toolbar._install()
+    hold(get_lock("toolbar-refused"))
+    assert get_lock("toolbar-refused").try_lock(wait_time=0.05) is False
+    assert not toolbar._waiting and not toolbar._holding
