@@ -94,10 +94,10 @@ class LockMetrics:
         return live
 
     def _hold(self, label: str, k: tuple[str, str], lease: float | None) -> None:
-        now = time.monotonic()
-        until = None if lease is None else now + lease
+        until = None if lease is None else time.monotonic() + lease
         with self._holds_lock:
-            self._sweep(now)
+            if self._leases:
+                self._sweep(time.monotonic())
             counted = k in self._holds
             self._holds[k] = (label, until)
             if until is not None:
@@ -107,7 +107,8 @@ class LockMetrics:
 
     def _unhold(self, k: tuple[str, str]) -> None:
         with self._holds_lock:
-            self._sweep(time.monotonic())
+            if self._leases:
+                self._sweep(time.monotonic())
             gone = self._holds.pop(k, None)
         if gone is not None:
             self._gauges(gone[0])[0].dec()

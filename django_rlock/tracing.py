@@ -19,7 +19,8 @@ Celery task):
   or the loss (``lost``, status ERROR, ``lock.lost_how``), with ``lock.held_seconds``.
 
 Built on ``engine.events`` (no Django needed). Nothing is created until a real tracer provider
-is set: without one the listener returns after one check per lock event.
+is set: without one the listener returns after a clock read per lock event (it looks for a
+provider again once a second, so spans start within a second of one being set).
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ logger = logging.getLogger("django_rlock")
 #: Holds and waits tracked at once; past it the oldest is ended (a leak guard, not a limit
 #: anyone should meet: every hold and wait ends with an event).
 MAX_TRACKED = 10_000
+
+#: Seconds between two looks for a global tracer provider while none is set.
+RECHECK = 1.0
 
 _NO_PROVIDER = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
 
@@ -68,14 +72,24 @@ class LockTracer:
         #: (key, owner) -> its open ``lock.hold`` span.
         self._holds: dict[tuple[str, str], Span] = {}
         self._lock = threading.Lock()
+        self._next_look = 0.0
 
     @property
     def tracer(self) -> Tracer | None:
-        """The tracer, once a real provider is set (the global one is set once, never reset)."""
+        """The tracer, once a real provider is set (the global one is set once, never reset).
+
+        Without one, looked for again at most every ``RECHECK`` seconds: the lookup reads the
+        environment (a few microseconds), too much for every acquire of a process that traces
+        nothing.
+        """
         tracer = self._tracer
         if tracer is None:
+            now = time.monotonic()
+            if now < self._next_look:
+                return None
             provider = self._provider or trace.get_tracer_provider()
             if isinstance(provider, _NO_PROVIDER):
+                self._next_look = now + RECHECK
                 return None
             tracer = self._tracer = provider.get_tracer("django_rlock")
         return tracer
