@@ -3,12 +3,14 @@ takes real locks (one free, one waited for and handed over, one refused)."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import threading
 from typing import Any
 
 import pytest
 from django.http import HttpRequest, HttpResponse
+from django.test import AsyncClient
 from django.urls import path
 
 pytest.importorskip("debug_toolbar")
@@ -30,12 +32,18 @@ def page(request: HttpRequest, page: str) -> HttpResponse:
     return HttpResponse(f"<html><body><p>refused={refused}</p></body></html>")
 
 
+@locked("toolbar-async:{page}", wait=10)
+async def async_page(request: HttpRequest, page: str) -> HttpResponse:
+    return HttpResponse("<html><body>async</body></html>")
+
+
 def __getattr__(name: str) -> Any:
     # The toolbar's URLs import its models: only once "debug_toolbar" is installed (toolbar_on).
     if name == "urlpatterns":
         from debug_toolbar.toolbar import debug_toolbar_urls
 
-        return [path("page/<str:page>/", page), *debug_toolbar_urls()]
+        return [path("page/<str:page>/", page), path("async/<str:page>/", async_page),
+                *debug_toolbar_urls()]
     raise AttributeError(name)
 
 
@@ -83,6 +91,18 @@ def test_the_panel_lists_the_locks_the_request_took(client, toolbar_on, holders,
     assert not toolbar._waiting and not toolbar._holding
     with get_lock("after"):
         pass
+
+
+def test_an_async_view_waiting_for_its_lock_is_listed(toolbar_on, holders):
+    h = holders()
+    lock = get_lock("toolbar-async:1")
+    h.call(lock.lock)
+    threading.Timer(0.05, lambda: h.call(lock.unlock)).start()
+    response = asyncio.run(AsyncClient().get("/async/1/"))
+    assert response.status_code == 200
+    [row] = rows(response.content.decode())
+    assert row[0] == "toolbar-async:1" and row[2] == "AsyncRLock" and row[3] == "acquired"
+    assert float(row[4]) >= 40 and row[7] == "released"
 
 
 def test_without_the_toolbar_the_listener_is_a_no_op(client, hold):

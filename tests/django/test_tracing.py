@@ -3,6 +3,7 @@ read back from the SDK's in-memory exporter."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import threading
@@ -17,6 +18,7 @@ from django.urls import path
 
 pytest.importorskip("opentelemetry.sdk")
 
+import redis.asyncio
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -24,7 +26,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
     InMemorySpanExporter,
 )
 
-from django_rlock import get_lock, tracing
+from django_rlock import AsyncRLock, get_lock, tracing
 from django_rlock.engine import events
 
 ROUNDS = 200
@@ -176,3 +178,37 @@ def test_nothing_is_traced_without_a_tracer_provider(settings, hold):
         assert isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
     finally:
         tracing.uninstall()
+
+
+def test_asyncio_waits_and_holds_are_children_of_the_tasks_span(exporter, redis_server):
+    """No Django request here: an asyncio task's own span is the parent, through its context."""
+    memory, provider = exporter
+    tracer = provider.get_tracer("test")
+
+    async def main() -> Any:
+        ar = redis.asyncio.Redis(unix_socket_path=redis_server.socket)
+        lock = AsyncRLock(ar, "traced-async", label="async")
+        held = asyncio.Event()
+
+        async def holder() -> None:
+            await lock.lock()
+            held.set()
+            await asyncio.sleep(0.1)
+            await lock.unlock()
+
+        task = asyncio.create_task(holder())
+        await held.wait()
+        with tracer.start_as_current_span("task") as span:
+            assert await lock.try_lock(wait_time=5) is True
+            await lock.unlock()
+        await task
+        await ar.aclose()
+        return span
+
+    parent = asyncio.run(main())
+    spans = memory.get_finished_spans()
+    [acquire] = children_of(spans, parent, "lock.acquire")
+    [held] = children_of(spans, parent, "lock.hold")
+    assert acquire.attributes["lock.kind"] == "AsyncRLock"
+    assert acquire.attributes["lock.wait_seconds"] >= 0.05
+    assert held.attributes["lock.end"] == "released"
