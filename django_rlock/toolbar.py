@@ -70,6 +70,13 @@ def listen(event: str, data: dict[str, Any]) -> None:
     elif event == "refused":
         if panel is not None:
             panel.rows.append(_row(data, "busy"))
+    elif event == "busy":
+        # A @locked call turned away: its acquire has its row (refused, or a wait that timed
+        # out), except an asyncio one-shot try, which sends no ``refused``.
+        last = panel.rows[-1] if panel is not None and panel.rows else None
+        if panel is not None and (last is None or last["name"] != data["name"]
+                                  or last["outcome"] == "acquired"):
+            panel.rows.append(_row(data, "busy"))
     else:  # released, lost
         panel = _holding.pop(k, None)
         row = None if panel is None else panel.holds.pop(k, None)
@@ -78,7 +85,8 @@ def listen(event: str, data: dict[str, Any]) -> None:
             row["end"] = "released" if event == "released" else f"lost ({data.get('how')})"
 
 
-_ROUTED = frozenset({"wait_started", "wait_ended", "refused", "acquired", "released", "lost"})
+_ROUTED = frozenset({"wait_started", "wait_ended", "refused", "busy", "acquired", "released",
+                     "lost"})
 
 
 def _install() -> None:

@@ -25,6 +25,7 @@ provider again once a second, so spans start within a second of one being set).
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
 import time
@@ -116,6 +117,17 @@ class LockTracer:
     def _refused(self, tracer: Tracer, data: dict[str, Any]) -> None:
         self._acquire_span(tracer, data, "busy", False)
 
+    def _busy(self, tracer: Tracer, data: dict[str, Any]) -> None:
+        """A ``@locked`` call turned away. Its failed acquire has its span already (``refused``,
+        or a wait's ``timeout``), except an asyncio one-shot try, which sends no ``refused``:
+        that one gets its span here (no kind, no holder; ``lock.holder.ttl_seconds``)."""
+        if _spanned.get() == data["key"]:
+            _spanned.set(None)
+            return
+        attrs = {**data, "wait": 0.0}
+        self._acquire_span(tracer, attrs, "busy", False)
+        _spanned.set(None)
+
     def _acquire_span(self, tracer: Tracer, data: dict[str, Any], outcome: str,
                       handed_over: bool) -> None:
         wait = data["wait"]
@@ -124,6 +136,10 @@ class LockTracer:
                       "lock.handed_over": handed_over})
         if outcome != "acquired" and self.holders and data.get("client") is not None:
             attrs.update(_holder_attrs(data["client"], data["key"], data["name"]))
+        if outcome != "acquired":
+            _spanned.set(data["key"])
+            if data.get("ttl") is not None:
+                attrs["lock.holder.ttl_seconds"] = data["ttl"]
         end = time.time_ns()
         span = tracer.start_span("lock.acquire", start_time=end - int(wait * 1e9),
                                  attributes=attrs)
@@ -192,7 +208,13 @@ def _holder_attrs(client: Any, key: str, name: str) -> dict[str, Any]:
     return {k: v for k, v in attrs.items() if v is not None}
 
 
+#: The key of the last acquire span of this thread (or task) that did not get its lock: the
+#: ``busy`` event that may follow it (a ``@locked`` call turned away) is the same acquire.
+_spanned: contextvars.ContextVar[str | None] = contextvars.ContextVar("django_rlock_spanned",
+                                                                      default=None)
+
 _HANDLERS: dict[str, Callable[[LockTracer, Tracer, dict[str, Any]], None]] = {
+    "busy": LockTracer._busy,
     "wait_started": LockTracer._wait_started,
     "wait_ended": LockTracer._wait_ended,
     "refused": LockTracer._refused,

@@ -37,12 +37,27 @@ async def async_page(request: HttpRequest, page: str) -> HttpResponse:
     return HttpResponse("<html><body>async</body></html>")
 
 
+def busy_page(busy: Any, request: HttpRequest, page: str) -> HttpResponse:
+    return HttpResponse("<html><body>busy</body></html>", status=423)
+
+
+@locked("toolbar-once:{page}", on_busy=busy_page)
+def once_page(request: HttpRequest, page: str) -> HttpResponse:
+    return HttpResponse("<html><body>ran</body></html>")
+
+
+@locked("toolbar-aonce:{page}", on_busy=busy_page)
+async def async_once_page(request: HttpRequest, page: str) -> HttpResponse:
+    return HttpResponse("<html><body>ran</body></html>")
+
+
 def __getattr__(name: str) -> Any:
     # The toolbar's URLs import its models: only once "debug_toolbar" is installed (toolbar_on).
     if name == "urlpatterns":
         from debug_toolbar.toolbar import debug_toolbar_urls
 
         return [path("page/<str:page>/", page), path("async/<str:page>/", async_page),
+                path("once/<str:page>/", once_page), path("aonce/<str:page>/", async_once_page),
                 *debug_toolbar_urls()]
     raise AttributeError(name)
 
@@ -103,6 +118,18 @@ def test_an_async_view_waiting_for_its_lock_is_listed(toolbar_on, holders):
     [row] = rows(response.content.decode())
     assert row[0] == "toolbar-async:1" and row[2] == "AsyncRLock" and row[3] == "acquired"
     assert float(row[4]) >= 40 and row[7] == "released"
+
+
+def test_locked_views_turned_away_are_one_busy_row_sync_or_async(client, toolbar_on, hold):
+    hold(get_lock("toolbar-once:8"))
+    hold(get_lock("toolbar-aonce:8"))
+    sync = client.get("/once/8/")
+    asynchronous = asyncio.run(AsyncClient().get("/aonce/8/"))
+    assert sync.status_code == asynchronous.status_code == 423
+    [row] = rows(sync.content.decode())
+    assert row[0] == "toolbar-once:8" and row[3] == "busy" and row[2] == "RLock"
+    [arow] = rows(asynchronous.content.decode())  # an asyncio one-shot try: from lock_busy
+    assert arow[0] == "toolbar-aonce:8" and arow[3] == "busy"
 
 
 def test_without_the_toolbar_the_listener_is_a_no_op(client, hold):

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from django.apps import apps
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.test import AsyncClient
 from django.urls import path
 
 pytest.importorskip("opentelemetry.sdk")
@@ -26,7 +27,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
     InMemorySpanExporter,
 )
 
-from django_rlock import AsyncRLock, get_lock, tracing
+from django_rlock import AsyncRLock, get_lock, locked, tracing
 from django_rlock.engine import events
 
 ROUNDS = 200
@@ -70,7 +71,18 @@ def free(request: HttpRequest) -> HttpResponse:
     return HttpResponse("ok")
 
 
-urlpatterns = [path("contended/", contended), path("refused/", refused), path("free/", free)]
+@locked("traced-locked:{n}")
+def locked_view(request: HttpRequest, n: str) -> HttpResponse:
+    return HttpResponse("ran")
+
+
+@locked("traced-alocked:{n}")
+async def async_locked_view(request: HttpRequest, n: str) -> HttpResponse:
+    return HttpResponse("ran")
+
+
+urlpatterns = [path("contended/", contended), path("refused/", refused), path("free/", free),
+               path("locked/<str:n>/", locked_view), path("alocked/<str:n>/", async_locked_view)]
 
 pytestmark = pytest.mark.urls(__name__)
 
@@ -140,6 +152,26 @@ def test_refused_and_timed_out_acquires_name_the_holder(client, exporter, hold):
         assert a["lock.holder.host"] == socket.gethostname()
         assert a["lock.holder.pid"] == os.getpid()
         assert a["lock.holder.thread"] == "report-worker"
+
+
+def test_a_locked_view_turned_away_is_one_busy_span_sync_or_async(client, exporter, hold):
+    memory, provider = exporter
+    hold(get_lock("traced-locked:1"))
+    hold(get_lock("traced-alocked:1"))
+    tracer = provider.get_tracer("test")
+    with tracer.start_as_current_span("GET /locked/1/") as sync_span:
+        assert client.get("/locked/1/").status_code == 423
+    with tracer.start_as_current_span("GET /alocked/1/") as async_span:
+        assert asyncio.run(AsyncClient().get("/alocked/1/")).status_code == 423
+    spans = memory.get_finished_spans()
+    [sync_busy] = children_of(spans, sync_span, "lock.acquire")
+    [async_busy] = children_of(spans, async_span, "lock.acquire")
+    for span in (sync_busy, async_busy):
+        assert span.attributes["lock.outcome"] == "busy"
+    assert sync_busy.attributes["lock.holder.pid"] == os.getpid()
+    assert sync_busy.attributes["lock.label"] == "traced-locked:{n}"
+    assert async_busy.attributes["lock.label"] == "traced-alocked:{n}"
+    assert 0 < async_busy.attributes["lock.holder.ttl_seconds"] <= 30
 
 
 def test_uncontended_acquires_send_no_extra_command_and_no_acquire_span(client, exporter,
