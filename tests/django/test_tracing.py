@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -244,3 +245,17 @@ def test_asyncio_waits_and_holds_are_children_of_the_tasks_span(exporter, redis_
     assert acquire.attributes["lock.kind"] == "AsyncRLock"
     assert acquire.attributes["lock.wait_seconds"] >= 0.05
     assert held.attributes["lock.end"] == "released"
+
+
+def test_the_checks_want_none_or_a_bool_and_opentelemetry(settings, monkeypatch):
+    from django_rlock.checks import check_settings
+
+    settings.RLOCK = {"OTEL": "yes"}
+    assert [m.id for m in check_settings()] == ["django_rlock.E003"]
+    settings.RLOCK = {"OTEL": True}
+    assert check_settings() == []
+    monkeypatch.setitem(sys.modules, "opentelemetry", None)  # as if not installed
+    [error] = check_settings()
+    assert error.id == "django_rlock.E011" and "django-rlock[otel]" in error.hint
+    settings.RLOCK = {"OTEL": None}
+    assert check_settings() == []
