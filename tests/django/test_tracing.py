@@ -37,19 +37,22 @@ state: dict[str, Any] = {}
 
 
 def contended(request: HttpRequest) -> HttpResponse:
-    """``ROUNDS`` acquisitions, each made while another thread holds the lock for ~3 ms."""
+    """``ROUNDS`` acquisitions, each made while another thread holds the lock: it lets go ~2 ms
+    after the view has begun to wait (whatever the load, every acquisition waits)."""
     lock = get_lock("traced", label="traced:{n}")
-    holder, held = state["holder"], threading.Event()
+    holder, held, waiting = state["holder"], threading.Event(), state["waiting"]
 
     def hold_briefly() -> None:
         lock.lock()
         held.set()
-        time.sleep(0.003)
+        assert waiting.wait(10)
+        time.sleep(0.002)
         lock.unlock()
 
     measured = []
     for _ in range(ROUNDS):
         held.clear()
+        waiting.clear()
         done = holder.submit(hold_briefly)
         assert held.wait(10)
         t0 = time.monotonic()
@@ -108,23 +111,42 @@ def test_contended_acquisitions_give_acquire_spans_with_their_measured_wait(clie
                                                                           holders):
     memory, provider = exporter
     state["holder"] = holders()
-    with provider.get_tracer("test").start_as_current_span("GET /contended/") as request_span:
-        response = client.get("/contended/")
+    state["waiting"] = waiting = threading.Event()
+
+    def waits(event: str, data: dict) -> None:
+        if event == "wait_started" and data["name"] == "traced":
+            waiting.set()
+
+    events.add_listener(waits)
+    try:
+        with provider.get_tracer("test").start_as_current_span("GET /contended/") as request_span:
+            response = client.get("/contended/")
+    finally:
+        events.remove_listener(waits)
     assert response.status_code == 200
     measured = response.json()["measured"]
     spans = memory.get_finished_spans()
     acquires = children_of(spans, request_span, "lock.acquire")
     assert len(acquires) == ROUNDS
-    worst = 0.0
+    gaps = []
     for span, wait in zip(acquires, measured, strict=True):
         a = span.attributes
         assert a["lock.outcome"] == "acquired"
         assert a["lock.label"] == "traced:{n}" and a["lock.kind"] == "RLock"
         assert a["lock.name"] == "traced"
-        worst = max(worst, abs(a["lock.wait_seconds"] - wait))
+        # Measured inside the call on the same clock: never longer than the call itself.
+        assert a["lock.wait_seconds"] <= wait
+        gaps.append(wait - a["lock.wait_seconds"])
         assert span.end_time - span.start_time == pytest.approx(a["lock.wait_seconds"] * 1e9,
                                                                 abs=1e5)
-    assert worst < 0.005, worst
+    gaps.sort()
+    print(f"wait gaps: median {gaps[ROUNDS // 2] * 1e3:.3f} ms, worst {gaps[-1] * 1e3:.3f} ms, "
+          f"over 5 ms: {sum(g >= 0.005 for g in gaps)}")
+    # Within 5 ms: every one on a machine that is not overloaded; a thread descheduled between
+    # the wait's end and the call's return (load above the core count) may miss it, so at most
+    # 2% may, and the median gap stays well under a millisecond.
+    assert sum(g >= 0.005 for g in gaps) <= ROUNDS // 50, gaps[-10:]
+    assert gaps[ROUNDS // 2] < 0.001, gaps[ROUNDS // 2]
     # Handed over by the holder's release, but the first: a lock not yet seen held is waited
     # for unregistered (woken by the release, it takes the lock by its own attempt).
     handed = [s.attributes["lock.handed_over"] for s in acquires]
