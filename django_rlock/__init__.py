@@ -17,6 +17,7 @@ from .engine import (
     AsyncMultiLock,
     AsyncNonReentrantLock,
     AsyncPermitExpirableSemaphore,
+    AsyncRateLimiter,
     AsyncReadLock,
     AsyncReadWriteLock,
     AsyncRedLock,
@@ -37,6 +38,8 @@ from .engine import (
     MultiLockError,
     NonReentrantLock,
     PermitExpirableSemaphore,
+    RateLimited,
+    RateLimiter,
     ReadLock,
     ReadWriteLock,
     RedLock,
@@ -50,15 +53,17 @@ __version__ = "0.1.0"
 #: Django-facing names, imported on first use: name -> module.
 _LAZY = {"get_lock": "factory", "get_semaphore": "factory", "get_latch": "factory",
          "locked": "decorators", "limited": "limits", "fenced_update": "fencing",
-         "afenced_update": "fencing", "get_leader": "leaders"}
+         "afenced_update": "fencing", "get_leader": "leaders", "rate_limited": "ratelimits",
+         "get_rate_limiter": "ratelimits"}
 
 __all__ = ["AsyncCountDownLatch", "AsyncFairLock", "AsyncFencedLock", "AsyncLeader",
-           "AsyncMultiLock",
-           "AsyncNonReentrantLock", "AsyncPermitExpirableSemaphore", "AsyncRLock", "AsyncReadLock",
+           "AsyncMultiLock", "AsyncNonReentrantLock", "AsyncPermitExpirableSemaphore",
+           "AsyncRLock", "AsyncRateLimiter", "AsyncReadLock",
            "AsyncReadWriteLock", "AsyncRedLock", "AsyncSemaphore", "AsyncWriteLock",
            "CountDownLatch", "FairLock", "FencedLock", "Leader", "LeaderInfo", "LockBusy",
            "LockError", "LockNotOwnedError", "LockNotSyncedError", "LockReentryError", "MultiLock",
            "MultiLockError", "NonReentrantLock", "PermitExpirableSemaphore", "RLock",
+           "RateLimited", "RateLimiter",
            "ReadLock", "ReadWriteLock", "RedLock", "Semaphore", "WriteLock", "__version__",
            *_LAZY]
 

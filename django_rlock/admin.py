@@ -45,6 +45,12 @@ def format_lease(seconds: float | None) -> str:
     return "no expiry" if seconds is None else f"{seconds:.1f} s"
 
 
+def held_long(held_for: float | None) -> bool:
+    """Held longer than ``RLOCK["WARN_HELD_AFTER"]`` (never, with it unset)."""
+    after = get_config().get("WARN_HELD_AFTER")
+    return held_for is not None and after is not None and held_for > float(after)
+
+
 def clear_note(kind: str) -> str:
     """What a force-unlock does beyond deleting the key (the confirmation page says it): the
     kind's own word, from the registry."""
@@ -87,18 +93,21 @@ class LockAdmin(admin.ModelAdmin):
         query = request.GET.get("q", "").strip()
         scan = self._scan(request)
         per_page = get_config()["ADMIN_PAGE_SIZE"]
-        inspector = LockInspector()
         try:
+            inspector = LockInspector()
             # Names from the index (or SCAN), then HGETALL + PTTL for one page only.
             names = inspector.names(f"*{glob_escape(query)}*" if query else "*", scan=scan)
             paginator = Paginator(names, per_page)
             page = paginator.get_page(request.GET.get("p"))
             rows = [self._row(request, info) for info in inspector.fetch(page.object_list)]
         except RedisError as exc:
-            messages.error(request, f"Could not read the locks from Redis: {exc}")
-            paginator = Paginator([], per_page)
-            page = paginator.get_page(1)
-            rows = []
+            return self._unreadable(request, exc)
+        return self._changelist(request, rows, paginator, page, query, scan, inspector,
+                                extra_context)
+
+    def _changelist(self, request: HttpRequest, rows: list[dict[str, Any]], paginator: Paginator,
+                    page: Any, query: str, scan: bool, inspector: LockInspector | None,
+                    extra_context: dict[str, Any] | None = None) -> HttpResponse:
         context = {
             **self.admin_site.each_context(request),
             "opts": self.opts,
@@ -113,18 +122,38 @@ class LockAdmin(admin.ModelAdmin):
             "page_obj": page,
             "paginator": paginator,
             "page_links": self._page_links(paginator, page.number, query, scan),
-            "prefix": inspector.prefix,
-            "cache_alias": inspector.alias,
+            "prefix": self._quiet(lambda: inspector.prefix) if inspector else None,
+            "cache_alias": self._quiet(lambda: inspector.alias) if inspector else None,
             "has_force_unlock_permission": self.has_force_unlock_permission(request),
             **(extra_context or {}),
         }
         return TemplateResponse(request, self._templates("change_list"), context)
 
+    def _unreadable(self, request: HttpRequest, exc: RedisError) -> HttpResponse:
+        """Redis down (or refusing): every page says so on an empty list, never a 500."""
+        logger.warning("django-rlock: admin could not read the locks from Redis: %s: %s",
+                       type(exc).__name__, exc)
+        messages.error(request, f"Could not read the locks from Redis: {exc}")
+        paginator = Paginator([], get_config()["ADMIN_PAGE_SIZE"])
+        query = request.GET.get("q", "").strip()
+        return self._changelist(request, [], paginator, paginator.get_page(1), query,
+                                self._scan(request), self._quiet(LockInspector))
+
+    @staticmethod
+    def _quiet(read: Any) -> Any:
+        try:
+            return read()
+        except Exception:
+            return None
+
     def detail_view(self, request: HttpRequest, name: str) -> HttpResponse:
         if not self.has_view_permission(request):
             raise PermissionDenied
-        inspector = LockInspector()
-        info = inspector.show(name)
+        try:
+            inspector = LockInspector()
+            info = inspector.show(name)
+        except RedisError as exc:
+            return self._unreadable(request, exc)
         if info is None:
             raise Http404(f"No lock {name!r} is held.")
         context = {
@@ -147,6 +176,12 @@ class LockAdmin(admin.ModelAdmin):
         if not self.has_force_unlock_permission(request):
             raise PermissionDenied
         changelist = self._changelist_url(request)
+        try:
+            return self._force_unlock(request, name, changelist)
+        except RedisError as exc:
+            return self._unreadable(request, exc)
+
+    def _force_unlock(self, request: HttpRequest, name: str, changelist: str) -> HttpResponse:
         inspector = LockInspector()
         if request.method == "POST":
             with force_unlocked_by(request.user):  # the lock_force_unlocked signal names the user
@@ -209,6 +244,7 @@ class LockAdmin(admin.ModelAdmin):
     def _row(self, request: HttpRequest, info: LockInfo) -> dict[str, Any]:
         prefix = f"admin:{self.opts.app_label}_{self.opts.model_name}"
         mode = "?scan=1" if self._scan(request) else ""
+        holders = [self._holder(h) for h in info.holders]
         return {
             "name": info.name,
             "key": info.key,
@@ -217,7 +253,9 @@ class LockAdmin(admin.ModelAdmin):
             "details": self._details(info),
             "value": info.value,
             "clear_note": clear_note(info.kind),
-            "holders": [self._holder(h) for h in info.holders],
+            "holders": holders,
+            # Held longer than RLOCK["WARN_HELD_AFTER"]: the row is marked.
+            "held_long": any(h["long"] for h in holders),
             "known": all(h.pid is not None for h in info.holders),
             "fields": sorted(info.fields.items()),
             "ttl": format_ttl(info.ttl),
@@ -255,5 +293,6 @@ class LockAdmin(admin.ModelAdmin):
             "thread": shown(h.thread),
             "os_thread_id": shown(h.os_thread_id),
             "held": empty if h.held_for is None else format_held(h.held_for),
+            "long": held_long(h.held_for),
             "known": h.pid is not None,
         }

@@ -19,7 +19,7 @@ class RLockConfig(AppConfig):
         # Registering checks and the signal bridge only: no Redis client is made here (CACHES
         # may still change).
         from .checks import check_settings
-        from .conf import apply_wake_lines
+        from .conf import apply_async_pool, apply_wake_lines
         from .engine import events
         from .signals import forward
 
@@ -29,6 +29,7 @@ class RLockConfig(AppConfig):
         _install_metrics()
         _install_tracing()
         apply_wake_lines()
+        apply_async_pool()
 
 
 def _install_metrics() -> None:

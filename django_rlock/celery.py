@@ -45,6 +45,7 @@ from .decorators import (
     call_args,
     hold_for_call,
     register_task_hooks,
+    run_windowed,
     turned_away,
 )
 from .engine import LockBusy, identity
@@ -237,6 +238,10 @@ def run_task(spec: Any, wrapper: Callable[..., Any], func: Callable[..., Any], n
                             task.name, task.request.id, name)
                 raise Ignore()
             return on_busy(busy)
+        if spec.hold_at_least is not None:
+            # The lock outlives a quick run as a lease for the rest of the window; the
+            # de-dup mark does not (an identical task may be queued: it is turned away).
+            return run_windowed(spec, lock, func, args, kwargs, hold_for_call)
         hold = hold_for_call(spec, lock, func)
         try:
             return func(*args, **call_args(lock, func, kwargs))

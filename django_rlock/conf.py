@@ -28,6 +28,9 @@ class Config(TypedDict):
     SYNC_TIMEOUT: float
     PROMETHEUS: bool
     WAKE_LINES: int
+    MAX_HOLD: float | None
+    WARN_HELD_AFTER: float | None
+    ASYNC_MAX_CONNECTIONS: int | None
     OTEL: bool | None
 
 
@@ -62,6 +65,16 @@ DEFAULTS: Config = {
     # when a tracer provider is set as Django starts, True always (spans once one is set),
     # False never.
     "OTEL": None,
+    # Seconds after which the watchdog stops renewing any hold of a lock made from these
+    # settings (it expires then, and its holder is told it is lost); None: never.
+    "MAX_HOLD": None,
+    # Seconds after which a hold is logged (one WARNING, one lock_held_long signal) and marked
+    # in the admin; None: never.
+    "WARN_HELD_AFTER": None,
+    # Connections of the asyncio pool async views lock on (one per event loop, shared by every
+    # lock on the cache); None: the cache's CONNECTION_POOL_KWARGS max_connections (100 when
+    # unbounded). A call finding them all in use waits for one within its budget.
+    "ASYNC_MAX_CONNECTIONS": None,
 }
 
 
@@ -128,6 +141,14 @@ def validate(config: Mapping[str, Any]) -> list[str]:
         problems.append(f"RLOCK['WAKE_LINES'] must be an int >= 0, got {lines!r}")
     if config["OTEL"] not in (None, True, False):
         problems.append(f"RLOCK['OTEL'] must be None, True or False, got {config['OTEL']!r}")
+    for key in ("MAX_HOLD", "WARN_HELD_AFTER"):
+        v = config[key]  # type: ignore[literal-required]
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
+                              or not 0 < v < float("inf")):
+            problems.append(f"RLOCK[{key!r}] must be None or a number of seconds > 0, got {v!r}")
+    amc = config["ASYNC_MAX_CONNECTIONS"]
+    if amc is not None and (isinstance(amc, bool) or not isinstance(amc, int) or amc < 1):
+        problems.append(f"RLOCK['ASYNC_MAX_CONNECTIONS'] must be None or an int >= 1, got {amc!r}")
     if not isinstance(config["PROMETHEUS"], bool):
         problems.append(f"RLOCK['PROMETHEUS'] must be True or False, got {config['PROMETHEUS']!r}")
     return problems
@@ -136,8 +157,15 @@ def validate(config: Mapping[str, Any]) -> list[str]:
 def lock_options() -> dict[str, Any]:
     """The keyword arguments every lock made from the settings gets."""
     config = get_config()
-    return {"watchdog_timeout": float(config["WATCHDOG_TIMEOUT"]),
-            "sync_replicas": config["SYNC_REPLICAS"], "sync_timeout": float(config["SYNC_TIMEOUT"])}
+    options = {"watchdog_timeout": float(config["WATCHDOG_TIMEOUT"]),
+               "sync_replicas": config["SYNC_REPLICAS"],
+               "sync_timeout": float(config["SYNC_TIMEOUT"])}
+    # Only when set: a kind that has no holds to bound takes no such option.
+    if config["MAX_HOLD"] is not None:
+        options["max_hold"] = config["MAX_HOLD"]
+    if config["WARN_HELD_AFTER"] is not None:
+        options["warn_held_after"] = config["WARN_HELD_AFTER"]
+    return options
 
 
 def apply_wake_lines() -> None:
@@ -154,8 +182,22 @@ def apply_wake_lines() -> None:
         wakeline.ENABLED = n > 0
 
 
+def apply_async_pool() -> None:
+    """``RLOCK["ASYNC_MAX_CONNECTIONS"]`` into the engine (asyncio twins made from now on); a
+    bad value keeps the default (check E003 reports it)."""
+    from .engine import aiopool
+
+    try:
+        n = get_config()["ASYNC_MAX_CONNECTIONS"]
+    except ImproperlyConfigured:
+        return
+    ok = n is None or (isinstance(n, int) and not isinstance(n, bool) and n >= 1)
+    aiopool.ASYNC_MAX_CONNECTIONS = n if ok else None
+
+
 @receiver(setting_changed)
 def _reset(*, setting: str, **kwargs: Any) -> None:
     if setting in ("RLOCK", "CACHES"):
         get_config.cache_clear()
         apply_wake_lines()
+        apply_async_pool()

@@ -15,6 +15,7 @@ import functools
 import inspect
 import logging
 import math
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol, TypeVar
 
@@ -92,7 +93,8 @@ def turned_away(spec: LockSpec, lock: Any, ttl: float | None) -> LockBusy:
     (``lock_busy`` signal, metrics)."""
     if events.listeners:
         events.emit("busy", name=lock.name, key=lock.key, label=spec.label, ttl=ttl)
-    return LockBusy(spec.busy_text(lock.name, ttl), lock.name, ttl)
+    error = getattr(spec, "busy_error", LockBusy)  # a LockBusy subclass (RateLimited)
+    return error(spec.busy_text(lock.name, ttl), lock.name, ttl)
 
 
 def holders_of(lock: Any, client: Any = None) -> str:
@@ -153,6 +155,42 @@ def release_after_call(lock: RLock, func: Callable[..., Any]) -> None:
         _lost_warning(lock.name, func, exc)
 
 
+class WindowRelease:
+    """``hold_at_least``: how one call's hold ends. Called (now, or when the transactions
+    around the call end) it turns the hold into a server-side lease for the rest of the
+    window, counted from when the acquire had returned (``got``, this host's monotonic
+    clock: never before the server granted it, so the lease is never shorter than the
+    window); a call that raised (``failed``) releases at once unless
+    ``hold_at_least_on_error``. A lock lost meanwhile is logged, never raised."""
+
+    __slots__ = ("spec", "lock", "func", "got", "failed")
+
+    def __init__(self, spec: LockSpec, lock: Any, func: Callable[..., Any]) -> None:
+        self.spec = spec
+        self.lock = lock
+        self.func = func
+        self.got = time.monotonic()
+        self.failed = False
+
+    def left(self) -> float:
+        """Seconds of the window still to hold (0: release)."""
+        if self.failed and not self.spec.hold_at_least_on_error:
+            return 0.0
+        return max(0.0, self.spec.hold_at_least - (time.monotonic() - self.got))  # type: ignore[operator]
+
+    def __call__(self) -> None:
+        try:
+            self.lock.release_as_lease(self.left())
+        except Exception as exc:
+            _lost_warning(self.lock.name, self.func, exc)
+
+    async def aclose(self) -> None:
+        try:
+            await self.lock.release_as_lease(self.left())
+        except Exception as exc:
+            _lost_warning(self.lock.name, self.func, exc)
+
+
 class CallRelease(Protocol):
     """Ends one call's hold: ``done()`` releases now or later; True if later."""
 
@@ -170,14 +208,17 @@ class _ReleaseNow:
         return False
 
 
-def hold_for_call(spec: LockSpec, lock: RLock, func: Callable[..., Any]) -> CallRelease:
+def hold_for_call(spec: LockSpec, lock: RLock, func: Callable[..., Any],
+                  release: Callable[[], None] | None = None) -> CallRelease:
     """How the hold taken for one call ends; make it right after acquiring, ``done()`` after.
 
     With ``until_commit`` the release waits for the database transactions open around the
     call (its writes are not visible before they commit); see ``django_rlock.transaction``.
     If even this fails, the lock is released before the error propagates: it must never leak.
+    ``release``: how it ends (a ``WindowRelease``); a plain release by default.
     """
-    release = functools.partial(release_after_call, lock, func)
+    if release is None:
+        release = functools.partial(release_after_call, lock, func)
     if not spec.until_commit:
         return _ReleaseNow(release)
     try:
@@ -187,7 +228,8 @@ def hold_for_call(spec: LockSpec, lock: RLock, func: Callable[..., Any]) -> Call
         raise
 
 
-def _hold_past_call(spec: LockSpec, lock: RLock, func: Callable[..., Any]) -> CallRelease | None:
+def _hold_past_call(spec: LockSpec, lock: RLock, func: Callable[..., Any],
+                    release: Callable[[], None] | None = None) -> CallRelease | None:
     """``hold_for_call`` where that matters: None when the lock is to be released as the call
     ends (``until_commit=False``, or no transaction open on this thread, the common case),
     without making a ``TransactionRelease`` for nothing."""
@@ -199,14 +241,34 @@ def _hold_past_call(spec: LockSpec, lock: RLock, func: Callable[..., Any]) -> Ca
     except BaseException:
         release_after_call(lock, func)
         raise
-    return hold_for_call(spec, lock, func)
+    return hold_for_call(spec, lock, func, release)
+
+
+def run_windowed(spec: LockSpec, lock: Any, func: Callable[..., Any], args: tuple[Any, ...],
+                 kwargs: dict[str, Any], hold: Callable[..., CallRelease | None]) -> Any:
+    """One ``hold_at_least`` call holding ``lock`` (sync; tasks too): ``hold(spec, lock,
+    func, release)`` says how the hold ends (now, or at commit)."""
+    window = WindowRelease(spec, lock, func)
+    ends = hold(spec, lock, func, window)
+    try:
+        return func(*args, **call_args(lock, func, kwargs))
+    except BaseException:
+        window.failed = True
+        raise
+    finally:
+        if ends is None:
+            window()
+        else:
+            ends.done()
 
 
 def locked(template: str | Callable[..., str], *, wait: float = 0, lease: float | None = None,
            on_busy: str | Callable[..., Any] | None = None, cache: str | Sequence[str] | None = None,
            client: Any = None, prefix: str | None = None, status: int | None = None,
            dedupe: bool = False, until_commit: bool = True,
-           quorum: bool = False, kind: str | None = None) -> Callable[[F], F]:
+           quorum: bool = False, kind: str | None = None, max_hold: float | None = None,
+           warn_held_after: float | None = None, hold_at_least: float | None = None,
+           hold_at_least_on_error: bool = False) -> Callable[[F], F]:
     """Run the decorated callable only while holding the lock named by ``template``.
 
     ``wait``: seconds to wait for a busy lock (0: one attempt). ``lease``: seconds, or None for
@@ -227,9 +289,19 @@ def locked(template: str | Callable[..., str], *, wait: float = 0, lease: float 
     two sides of the ``ReadWriteLock`` of that name) or ``"fenced"``: a function with a
     ``fence_token`` parameter (which must have a default) then receives this acquire's token
     in it, for ``django_rlock.fencing.fenced_update``. Not with a list of caches.
+    ``max_hold`` / ``warn_held_after``: the lock's time windows (default ``RLOCK["MAX_HOLD"]``
+    / ``RLOCK["WARN_HELD_AFTER"]``): never renewed past ``max_hold`` seconds (the call's
+    lock is then lost); one WARNING and ``lock_held_long`` signal once held longer than
+    ``warn_held_after``. ``hold_at_least``: seconds; a call that returns sooner leaves the
+    lock held, as a lease on the server, for the rest of that window from its acquire, so a
+    run on any host within it is turned away (ShedLock's lockAtLeastFor); a call that raises
+    releases at once unless ``hold_at_least_on_error=True``. Not with ``kind="read"`` or a
+    list of caches.
     """
     return decorator(LockSpec(template, wait, lease, on_busy, cache, client, prefix, status,
-                              dedupe, until_commit, quorum, kind))
+                              dedupe, until_commit, quorum, kind, max_hold=max_hold,
+                              warn_held_after=warn_held_after, hold_at_least=hold_at_least,
+                              hold_at_least_on_error=hold_at_least_on_error))
 
 
 def decorator(spec: LockSpec) -> Callable[[F], F]:
@@ -254,6 +326,7 @@ def decorator(spec: LockSpec) -> Callable[[F], F]:
         # Everything a call needs that depends on the function only is decided here, once.
         name_of = spec.name_builder(func, sig)
         fenced = spec.kind == "fenced"
+        windowed = spec.hold_at_least is not None
 
         if inspect.iscoroutinefunction(func):
             @functools.wraps(func)
@@ -263,13 +336,21 @@ def decorator(spec: LockSpec) -> Callable[[F], F]:
                     ttl = await lock.remaining_ttl()
                     return _on_busy(spec, async_wrapper, turned_away(spec, lock, ttl), args, kwargs,
                                     lambda: holders_of(lock, getattr(lock, "_sync_client", None)))
+                window = WindowRelease(spec, lock, func) if windowed else None
                 try:
                     return await func(*args, **(call_args(lock, func, kwargs) if fenced else kwargs))
+                except BaseException:
+                    if window is not None:
+                        window.failed = True
+                    raise
                 finally:
-                    try:
-                        await lock.unlock()
-                    except Exception as exc:
-                        _lost_warning(lock.name, func, exc)
+                    if window is not None:
+                        await window.aclose()
+                    else:
+                        try:
+                            await lock.unlock()
+                        except Exception as exc:
+                            _lost_warning(lock.name, func, exc)
 
             wrapper: Any = async_wrapper
         else:
@@ -290,6 +371,8 @@ def decorator(spec: LockSpec) -> Callable[[F], F]:
                 if not lock.try_lock(spec.wait, spec.lease):
                     busy = turned_away(spec, lock, lock.remaining_ttl())
                     return _on_busy(spec, sync_wrapper, busy, args, kwargs, lambda: holders_of(lock))
+                if windowed:
+                    return run_windowed(spec, lock, func, args, kwargs, _hold_past_call)
                 hold = _hold_past_call(spec, lock, func)
                 try:
                     return func(*args, **(call_args(lock, func, kwargs) if fenced else kwargs))
@@ -309,6 +392,7 @@ def decorator(spec: LockSpec) -> Callable[[F], F]:
 
 
 __all__ = ["FENCE_TOKEN", "ON_BUSY", "AsyncFencedCall", "CallRelease", "FencedCall", "LockSpec",
-           "TaskHooks", "bound_arguments", "busy_response", "call_args", "decorator",
-           "hold_for_call", "holders_of", "is_async_client", "locked", "register_task_hooks",
-           "release_after_call", "template_picks", "turned_away"]
+           "TaskHooks", "WindowRelease", "bound_arguments", "busy_response", "call_args",
+           "decorator", "hold_for_call", "holders_of", "is_async_client", "locked",
+           "register_task_hooks", "release_after_call", "run_windowed", "template_picks",
+           "turned_away"]

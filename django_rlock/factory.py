@@ -18,11 +18,12 @@ from .engine import RLock
 from .lockkinds import async_lock_of_kind, check_kind, check_permits, lock_of_kind
 
 __all__ = ["async_lock_of_kind", "cache_aliases", "check_kind", "check_permits",
-           "get_latch", "get_lock", "get_semaphore", "lock_of_kind"]
+           "get_latch", "get_lock", "get_semaphore", "lock_of_kind", "window_options"]
 
 
 def get_lock(name: str, *, cache: str | Sequence[str] | None = None, label: str | None = None,
-             quorum: bool = False, kind: str | None = None) -> Any:
+             quorum: bool = False, kind: str | None = None, max_hold: float | None = None,
+             warn_held_after: float | None = None) -> Any:
     """A lock on the cache's Redis connection, with the configured prefix, watchdog and
     replica sync. ``label``: what events and metrics call it (a template, never the name).
 
@@ -32,18 +33,37 @@ def get_lock(name: str, *, cache: str | Sequence[str] | None = None, label: str 
 
     ``cache=["a", "b", "c"]``: a ``MultiLock`` over those aliases' servers (each with its own
     prefix), or with ``quorum=True`` a ``RedLock`` (a majority of them); only of RLocks.
+
+    ``max_hold`` / ``warn_held_after``: seconds (``RLOCK["MAX_HOLD"]`` /
+    ``RLOCK["WARN_HELD_AFTER"]`` when None): a hold is never renewed past ``max_hold``; one
+    older than ``warn_held_after`` is logged once (``django_rlock.engine.windows``).
     """
     check_kind(kind, name)
+    options = window_options(lock_options(), max_hold, warn_held_after, name)
     if isinstance(cache, (list, tuple)):
         if kind is not None:
             raise ValueError(f"kind={kind!r} cannot span several caches: a MultiLock/RedLock "
                              f"is made of plain RLocks (lock {name!r})")
         return multi_lock([RLock(get_client(a), name, prefix=get_prefix(a), label=label,
-                                 **lock_options()) for a in cache_aliases(cache)], quorum)
+                                 **options) for a in cache_aliases(cache)], quorum)
     if quorum:
         raise ValueError(f"quorum=True needs a list of cache aliases (lock {name!r})")
     return lock_of_kind(kind, get_client(cache), name, get_prefix(cache), label=label,
-                        **lock_options())
+                        **options)
+
+
+def window_options(options: dict[str, Any], max_hold: Any, warn_held_after: Any,
+                   name: str) -> dict[str, Any]:
+    """``options`` with the call's own time windows over the settings' (checked here,
+    before any command)."""
+    from .engine.windows import check_window
+
+    if max_hold is not None:
+        options = {**options, "max_hold": check_window(max_hold, "max_hold", name)}
+    if warn_held_after is not None:
+        options = {**options, "warn_held_after": check_window(warn_held_after,
+                                                              "warn_held_after", name)}
+    return options
 
 
 def get_semaphore(name: str, permits: int | None = None, *, cache: str | None = None) -> Any:
@@ -61,8 +81,11 @@ def get_semaphore(name: str, permits: int | None = None, *, cache: str | None = 
         check_permits(permits, name)
     from .engine.semaphore import PermitExpirableSemaphore
 
+    options = lock_options()
     sem = PermitExpirableSemaphore(get_client(cache), name, get_prefix(cache),
-                                   watchdog_timeout=lock_options()["watchdog_timeout"])
+                                   watchdog_timeout=options["watchdog_timeout"],
+                                   max_hold=options.get("max_hold"),
+                                   warn_held_after=options.get("warn_held_after"))
     if permits is not None:
         sem.try_set_permits(permits)
     return sem

@@ -20,6 +20,7 @@ import redis.asyncio
 from .engine import AsyncRLock, LockBusy, RLock
 from .engine.clients import async_twin
 from .engine.lock import check_seconds
+from .engine.windows import check_window
 from .lockkinds import async_lock_of_kind, check_kind, lock_of_kind
 
 ON_BUSY = ("raise", "skip", "wait", "retry")
@@ -152,7 +153,10 @@ class LockSpec:
     def __init__(self, template: str | Callable[..., str], wait: float, lease: float | None,
                  on_busy: str | Callable[..., Any] | None, cache: str | Sequence[str] | None, client: Any,
                  prefix: str | None, status: int | None, dedupe: bool,
-                 until_commit: bool = True, quorum: bool = False, kind: str | None = None) -> None:
+                 until_commit: bool = True, quorum: bool = False, kind: str | None = None,
+                 *, max_hold: float | None = None, warn_held_after: float | None = None,
+                 hold_at_least: float | None = None,
+                 hold_at_least_on_error: bool = False) -> None:
         if isinstance(template, str):
             if not template:
                 raise ValueError("lock template must not be empty")
@@ -188,6 +192,31 @@ class LockSpec:
                                  f"is made of plain RLocks (lock {label!r})")
         elif quorum:
             raise ValueError(f"quorum=True needs cache=[...] with several aliases (lock {label!r})")
+        #: The locks' time windows over the settings' (``engine.windows``), and
+        #: ``hold_at_least``: a call that returns sooner leaves the lock held as a lease for
+        #: the rest of that window (``WindowRelease``).
+        self.windows: dict[str, float] = {}
+        for what, value in (("max_hold", max_hold), ("warn_held_after", warn_held_after)):
+            if value is not None:
+                self.windows[what] = check_window(value, what, str(label))  # type: ignore[assignment]
+        self.hold_at_least = check_window(hold_at_least, "hold_at_least", str(label))
+        if not isinstance(hold_at_least_on_error, bool):
+            raise TypeError(f"hold_at_least_on_error must be True or False, not "
+                            f"{hold_at_least_on_error!r} (lock {label!r})")
+        if hold_at_least_on_error and self.hold_at_least is None:
+            raise ValueError(f"hold_at_least_on_error=True needs hold_at_least (lock {label!r})")
+        if self.hold_at_least is not None:
+            if isinstance(cache, (list, tuple)):
+                raise ValueError(f"hold_at_least cannot span several caches: a MultiLock/RedLock "
+                                 f"has no lease of its own to leave (lock {label!r})")
+            if kind == "read":
+                raise ValueError(f"hold_at_least needs an exclusive lock: readers share a read "
+                                 f"lock, so a window of one keeps no other reader out (lock "
+                                 f"{label!r}); use kind='write' or the default")
+            if max_hold is not None and self.hold_at_least > float(max_hold):
+                raise ValueError(f"hold_at_least {self.hold_at_least:g} s is longer than max_hold "
+                                 f"{float(max_hold):g} s (lock {label!r})")
+        self.hold_at_least_on_error = hold_at_least_on_error
         self.cache = cache
         self.quorum = quorum
         self.client = client
@@ -276,8 +305,8 @@ class LockSpec:
         if self.client is not None:
             place = self._fixed_place
             if place is None:
-                place = self._fixed_place = _Place(None, None, self.prefix or "", {}, 30.0,
-                                                   self.client)
+                place = self._fixed_place = _Place(None, None, self.prefix or "",
+                                                   dict(self.windows), 30.0, self.client)
             return place
         config = (_get_config or _settings_reader())()
         place = self._settings_place
@@ -289,7 +318,7 @@ class LockSpec:
         cache = self.cache[0] if isinstance(self.cache, (list, tuple)) else self.cache
         alias = cache_alias(cache)
         prefix = self.prefix if self.prefix is not None else get_prefix(alias)
-        place = _Place(config, alias, prefix, lock_options(),
+        place = _Place(config, alias, prefix, {**lock_options(), **self.windows},
                        float(config["WATCHDOG_TIMEOUT"]), None)
         self._settings_place = place
         return place

@@ -24,9 +24,11 @@ import weakref
 from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from .engine import events
+from .engine.watchdog import watchdog
 
 UNLABELLED = "unlabelled"
 #: Seconds from the call to the grant: uncontended acquires take a round trip (~0.1-1 ms).
@@ -50,6 +52,7 @@ class LockMetrics:
         self.busy = counter("busy", "@locked calls turned away because the lock stayed busy.")
         self.lost = counter("lost", "Holds found gone while held (expired, force-unlocked).")
         self.force_unlocks = counter("force_unlocks", "Locks deleted by force_unlock().")
+        self.held_long = counter("held_long", "Holds held longer than their warn_held_after.")
         self.owner_ended = counter("owner_ended",
                                    "Holds released because their thread or task ended holding.")
         self.wait = Histogram("django_rlock_wait_seconds", "Time from the call to the grant.",
@@ -76,6 +79,7 @@ class LockMetrics:
         self._holds: dict[tuple[str, str], tuple[str, float | None]] = {}
         self._leases: list[tuple[float, tuple[str, str]]] = []
         self._holds_lock = threading.Lock()
+        registry.register(OldestHold())
         #: label -> (acquisitions, wait, held) children: ``.labels()`` costs more than the
         #: increment itself, and these run on every acquire and release. Bounded like labels.
         self._hot: dict[str, tuple[Any, Any, Any]] = {}
@@ -146,6 +150,8 @@ class LockMetrics:
         elif event == "lost":
             self._unhold((data["key"], data["owner"]))
             self.lost.labels(label).inc()
+        elif event == "held_long":
+            self.held_long.labels(label).inc()
         elif event == "busy":
             self.busy.labels(label).inc()
         elif event == "force_unlocked" and data.get("deleted"):
@@ -171,6 +177,25 @@ class _Sweeper(Collector):
         if metrics is not None:
             metrics.sweep()
         return []
+class OldestHold:
+    """``django_rlock_oldest_hold_seconds{lock}``: how long the oldest hold of this process
+    has been held, per label, read from the watchdog's registry at scrape time (nothing on
+    the hot path; a scrape walks this process's holds once). A lock stuck behind a deadlock
+    or a loop shows as a line that keeps climbing."""
+
+    def collect(self) -> Any:
+        gauge = GaugeMetricFamily("django_rlock_oldest_hold_seconds",
+                                  "Age of the oldest hold of this process, per lock label.",
+                                  labels=["lock"])
+        for label, age in sorted(watchdog().oldest().items(), key=lambda x: x[0] or ""):
+            gauge.add_metric([label or UNLABELLED], age)
+        yield gauge
+
+    def describe(self) -> Any:
+        # Described without collecting: registering must not walk the holds.
+        yield GaugeMetricFamily("django_rlock_oldest_hold_seconds",
+                                "Age of the oldest hold of this process, per lock label.",
+                                labels=["lock"])
 
 
 #: Every registry's metrics, made once: metric names can be registered only once per registry,

@@ -6,7 +6,9 @@ engine event's (see ``django_rlock.engine.events``):
 
 - ``lock_acquired``: ``owner``, ``wait``, ``lease``.
 - ``lock_released``: ``owner``, ``held``, ``reason`` (``"unlock"`` or ``"owner ended"``).
-- ``lock_lost``: ``owner``, ``held``, ``how``.
+- ``lock_lost``: ``owner``, ``held``, ``how``, ``reason`` (``"max_hold"``, ``"expired"``, ...).
+- ``lock_held_long``: ``owner``, ``held``, ``threshold``: held longer than ``warn_held_after``
+  (once per hold).
 - ``lock_busy``: ``ttl``: a ``@locked`` call turned away.
 - ``lock_force_unlocked``: ``deleted``, and ``user``: the admin user, or ``None`` (the
   ``locks clear`` command, or code calling ``force_unlock()``).
@@ -42,6 +44,7 @@ lock_busy = Signal()
 lock_force_unlocked = Signal()
 leader_elected = Signal()
 leader_revoked = Signal()
+lock_held_long = Signal()
 
 _SIGNALS = {
     "acquired": lock_acquired,
@@ -51,6 +54,7 @@ _SIGNALS = {
     "force_unlocked": lock_force_unlocked,
     "leader_elected": leader_elected,
     "leader_revoked": leader_revoked,
+    "held_long": lock_held_long,
 }
 
 _user: contextvars.ContextVar[Any] = contextvars.ContextVar("django_rlock_force_user", default=None)

@@ -2,6 +2,7 @@
 
 from .aio import AsyncRLock
 from .aioleader import AsyncLeader
+from .aioratelimit import AsyncRateLimiter
 from .errors import LockBusy, LockError, LockNotOwnedError, LockNotSyncedError, LockReentryError
 from .fair import AsyncFairLock, FairLock
 from .fenced import AsyncFencedLock, FencedLock
@@ -10,6 +11,7 @@ from .leader import Leader, LeaderInfo
 from .lock import RLock
 from .multi import AsyncMultiLock, AsyncRedLock, MultiLock, MultiLockError, RedLock
 from .nonreentrant import AsyncNonReentrantLock, NonReentrantLock
+from .ratelimit import RateLimited, RateLimiter, RateLimiterError
 from .rwlock import (
     AsyncReadLock,
     AsyncReadWriteLock,
@@ -27,8 +29,9 @@ from .semaphore import (
 
 __all__ = ["AsyncCountDownLatch", "AsyncFairLock", "AsyncFencedLock", "AsyncLeader", "AsyncMultiLock",
            "AsyncNonReentrantLock", "AsyncPermitExpirableSemaphore", "AsyncReadLock",
-           "AsyncReadWriteLock", "AsyncRedLock", "AsyncRLock", "AsyncSemaphore", "AsyncWriteLock",
-           "CountDownLatch", "FairLock", "FencedLock", "Leader", "LeaderInfo", "LockBusy",
-           "LockError", "LockNotOwnedError", "LockNotSyncedError", "LockReentryError", "MultiLock",
-           "MultiLockError", "NonReentrantLock", "PermitExpirableSemaphore", "ReadLock",
+           "AsyncRateLimiter", "AsyncReadWriteLock", "AsyncRedLock", "AsyncRLock", "AsyncSemaphore",
+           "AsyncWriteLock", "CountDownLatch", "FairLock", "FencedLock", "Leader", "LeaderInfo",
+           "LockBusy", "LockError", "LockNotOwnedError", "LockNotSyncedError", "LockReentryError",
+           "MultiLock", "MultiLockError", "NonReentrantLock", "PermitExpirableSemaphore",
+           "RateLimited", "RateLimiter", "RateLimiterError", "ReadLock",
            "ReadWriteLock", "RedLock", "RLock", "Semaphore", "WriteLock"]

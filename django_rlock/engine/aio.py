@@ -18,7 +18,8 @@ from typing import Any
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from . import events, identity, replicas
+from . import events, identity, leases, replicas
+from .aiopool import reset_budget, set_budget
 from .clients import SlotBound, async_twin, refresh, sync_twin
 from .errors import LockNotOwnedError
 from .kinds import Kind, declare
@@ -51,11 +52,12 @@ class AsyncRLock(LockBase):
     _AIO = True
 
     def __init__(self, client: Any, name: str, prefix: str = "", watchdog_timeout: float = 30.0,
-                 *, on_lost: Callable[[str], Any] | None = None, sync_client: Any = None,
+                 *, on_lost: Callable[..., Any] | None = None, sync_client: Any = None,
                  label: str | None = None, sync_replicas: int | str | None = "auto",
-                 sync_timeout: float = 1.0) -> None:
+                 sync_timeout: float = 1.0, max_hold: float | None = None,
+                 warn_held_after: float | None = None) -> None:
         super().__init__(client, name, prefix, watchdog_timeout, on_lost, label, sync_replicas,
-                         sync_timeout)
+                         sync_timeout, max_hold, warn_held_after)
         if self._cluster is not None:  # the slot master's sync client (``SlotBound._bind``)
             self._sync_client = self._node
         else:
@@ -108,12 +110,23 @@ class AsyncRLock(LockBase):
     # -- acquiring ------------------------------------------------------------------------
     async def lock(self, lease_time: float | None = None) -> None:
         """Wait until acquired. ``lease_time`` in seconds; ``None``: watchdog mode."""
-        await self._acquire(None, self._lease_ms(lease_time))
+        lease_ms = self._lease_ms(lease_time)
+        budget = set_budget(None)  # a full pool is waited for as long as the lock is
+        try:
+            await self._acquire(None, lease_ms)
+        finally:
+            reset_budget(budget)
 
     async def try_lock(self, wait_time: float = 0.0, lease_time: float | None = None) -> bool:
         """Try for up to ``wait_time`` seconds (0: exactly one attempt)."""
         wait = self._wait_budget(wait_time)
-        return await self._acquire(wait, self._lease_ms(lease_time))
+        lease_ms = self._lease_ms(lease_time)
+        # A full pool is waited for within the budget (at least ``aiopool.POOL_TIMEOUT``).
+        budget = set_budget(None if wait is None else time.monotonic() + wait)
+        try:
+            return await self._acquire(wait, lease_ms)
+        finally:
+            reset_budget(budget)
 
     async def _attempt(self, k: HoldKey, lease_ms: int | None, t0: float, claim: bool = False,
                        reg: tuple[str, float | None] | None = None) -> int | None:
@@ -314,6 +327,20 @@ class AsyncRLock(LockBase):
                              (orphan.owner, orphan.lease_ms, UNLOCK_MESSAGE))
 
     release = unlock
+
+    async def release_as_lease(self, seconds: float) -> bool:
+        """``RLock.release_as_lease`` for asyncio (shielded: a cancellation never leaves the
+        hold both booked and leased)."""
+        ms = leases.lease_ms(seconds, self.name)
+        k = (self._server, self.key, self._field())
+        hold = watchdog().get(k)
+        if not ms or (hold is not None and hold.count > 1):
+            await self.unlock()
+            return False
+        r = await asyncio.shield(acall_once(
+            self._client, leases.LEASE_OUT_SCRIPT, (self.key, self._channel, self._release_keys[2]),
+            (k[2], leases.lease_field(k[2], self._owner()), ms, leases.message_of(self))))
+        return leases.booked(watchdog(), k, hold, r, self.name, self.key, self.label)
 
     def _book(self, plan: Any, fut: asyncio.Future[Any]) -> None:
         if fut.cancelled() or fut.exception() is not None:

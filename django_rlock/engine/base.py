@@ -18,7 +18,7 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from . import events, identity, releasing, replicas, withdrawals
+from . import events, identity, releasing, replicas, windows, withdrawals
 from .clients import SlotBound, check_client, is_cluster_node
 from .errors import LockNotSyncedError
 from .naming import (
@@ -122,8 +122,9 @@ class LockBase(releasing.Releasing, SlotBound):
     _AIO = False
 
     def __init__(self, client: Any, name: str, prefix: str, watchdog_timeout: float,
-                 on_lost: Callable[[str], Any] | None, label: str | None = None,
-                 sync_replicas: int | str | None = "auto", sync_timeout: float = 1.0) -> None:
+                 on_lost: Callable[..., Any] | None, label: str | None = None,
+                 sync_replicas: int | str | None = "auto", sync_timeout: float = 1.0,
+                 max_hold: float | None = None, warn_held_after: float | None = None) -> None:
         check_name(name)
         if not (sync_replicas is None or sync_replicas == "auto" or (
                 isinstance(sync_replicas, int) and not isinstance(sync_replicas, bool)
@@ -140,12 +141,18 @@ class LockBase(releasing.Releasing, SlotBound):
         wt = check_seconds(watchdog_timeout, "watchdog_timeout", name, zero_ok=False)
         if on_lost is not None and not callable(on_lost):
             raise TypeError(f"on_lost must be callable (lock {name!r})")
+        #: Time windows of every hold (``windows``): never renewed past ``max_hold``; one
+        #: warning once held ``warn_held_after``. None: off.
+        self.max_hold = windows.check_window(max_hold, "max_hold", name)
+        self.warn_held_after = windows.check_window(warn_held_after, "warn_held_after", name)
         self.key = prefix + name
         client = self._bind(client)  # on a cluster: its slot's master
         self.name = name
         self.prefix = prefix
         self.watchdog_timeout = wt
-        self._watchdog_ms = max(1, math.ceil(wt * 1000))
+        #: The lease a watchdog-mode hold starts with (and a grant, a hand-off): never longer
+        #: than ``max_hold``.
+        self._watchdog_ms = max(1, math.ceil(min(wt, self.max_hold or wt) * 1000))
         self._channel = lock_channel(self.key).encode()
         self._index = index_key(prefix, self.key if is_cluster_node(client) else None)
         #: KEYS of the acquire and release scripts (lock, index; lock, channel, index).
@@ -180,6 +187,7 @@ class LockBase(releasing.Releasing, SlotBound):
         if lease_time is None:
             return None
         lease = check_seconds(lease_time, "lease_time", self.name, zero_ok=False)
+        windows.check_lease(lease, self.max_hold, self.name)
         return max(1, math.ceil(lease * 1000))
 
     def _wait_budget(self, wait_time: float) -> float | None:
@@ -193,6 +201,8 @@ class LockBase(releasing.Releasing, SlotBound):
         else:
             # A lease taken inside a watchdog-mode hold must not cut the key's TTL short.
             ms = max(lease_ms, hold.lease_ms) if hold is not None and hold.renew else lease_ms
+        if hold is not None:  # a reentry never sets a lease past the hold's max_hold
+            ms = hold.cap(ms)
         # An owner that holds nothing here is never counted on top of a field of its in Redis:
         # that is a grant to a wait of its that ended without taking it (invariant 32).
         return (ms, k[2], self._info(k[2]), "claim" if claim else "" if hold else "fresh")
@@ -267,7 +277,8 @@ class LockBase(releasing.Releasing, SlotBound):
     def _check_args(self, hold: Any) -> tuple[tuple[Any, ...], tuple[Any, ...], int]:
         """KEYS, ARGV and lease of the one renewal that checks ``hold`` (its kind's own)."""
         now = time.monotonic()
-        ms = hold.lease_ms if hold.renew else max(1, int((hold.expires_at - now) * 1000))
+        ms = hold.cap(hold.lease_ms if hold.renew
+                      else max(1, int((hold.expires_at - now) * 1000)), now)
         return (hold.renew_key,), (hold.owner, ms), ms
 
     def _checked(self, k: HoldKey, hold: Any, sent: float, ms: int, reply: Any) -> bool:
@@ -282,7 +293,8 @@ class LockBase(releasing.Releasing, SlotBound):
                         "stopped or paused); never held, waiting on", self.name, k[2])
             if events.listeners:
                 events.emit("lost", name=self.name, key=self.key, label=self.label, owner=k[2],
-                            held=0.0, how="it ran out before its owner could run")
+                            held=0.0, how="it ran out before its owner could run",
+                            reason="ran_out")
         return False
 
     def _discarded(self) -> None:
@@ -357,7 +369,8 @@ class LockBase(releasing.Releasing, SlotBound):
                                    self._watchdog_ms if renew else lease_ms, renew,
                                    self.watchdog_timeout, self._on_lost, thread=thread,
                                    label=self.label, scripts_keys=self._release_keys,
-                                   kind=self._hold_kind, grant_ms=grant_ms, since=since)
+                                   kind=self._hold_kind, grant_ms=grant_ms, since=since,
+                                   max_hold=self.max_hold, warn_after=self.warn_held_after)
         if events.listeners and hold.count == 1:
             events.emit("acquired", name=self.name, key=self.key, label=self.label, owner=k[2],
                         wait=time.monotonic() - t0,
@@ -449,8 +462,14 @@ class LockBase(releasing.Releasing, SlotBound):
         return self._owner()
 
     def is_lost(self) -> bool:
-        """True if the watchdog found this owner's hold gone (expired or force-unlocked)."""
+        """True if the watchdog found this owner's hold gone (expired, force-unlocked, past
+        its ``max_hold``), or in doubt (no renewal confirmed within its lease)."""
         return watchdog().is_lost((self._server, self.key, self._field()))
+
+    def lost_reason(self) -> str | None:
+        """Why ``is_lost()`` is true (``"expired"``, ``"force_unlocked"``, ``"unconfirmed"``,
+        ``"ran_out"``, ``"max_hold"``); None while it is false."""
+        return watchdog().lost_reason((self._server, self.key, self._field()))
 
     def _owner(self) -> str:
         raise NotImplementedError

@@ -4,6 +4,10 @@ An ``AsyncRLock`` sends its acquire and release scripts on its ``redis.asyncio``
 renewal and waiting are shared by the whole process: one watchdog thread and one pub/sub
 subscription per server, both on threads. They reach the server through a sync "twin" of the
 async client: same address, database and credentials, its own small pool.
+
+The asyncio twin of a sync client (what ``@locked`` async views send on) has a blocking pool
+(``TwinPool``): a call finding every connection in use waits for one, within its budget,
+instead of failing (``aiopool``, invariant 34).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import redis.asyncio
 import redis.exceptions
 
 from . import identity
+from .aiopool import TwinPool, async_cap
 from .naming import index_key
 
 #: Connection settings that mean the same to the sync and asyncio connection classes.
@@ -228,7 +233,8 @@ def async_twin(client: Any) -> redis.asyncio.Redis:
     """An asyncio client to the server of a sync client, for the running event loop.
 
     asyncio connections belong to the loop that opened them, and Django runs async views of
-    a WSGI server in a new loop per request: one twin per (pool, loop).
+    a WSGI server in a new loop per request: one twin per (pool, loop), shared by every lock
+    on that pool in that loop, with a ``TwinPool`` of ``async_cap(pool)`` connections.
     """
     pool = client.connection_pool
     loop = asyncio.get_running_loop()
@@ -237,8 +243,14 @@ def async_twin(client: Any) -> redis.asyncio.Redis:
         per_loop = _async_twins[pool] = weakref.WeakKeyDictionary()  # type: ignore[assignment]
     twin = per_loop.get(loop)
     if twin is None:
+        # A twin holds its loop (its connections' streams do): the weak key alone never lets
+        # go. Twins of loops that are closed (a request's, under WSGI) go now.
+        for old in [lp for lp in per_loop if lp.is_closed()]:
+            gone = per_loop.pop(old)
+            if isinstance(gone.connection_pool, TwinPool):
+                gone.connection_pool.abandon()
         kwargs = _twin_kwargs(pool, redis.asyncio.connection)
-        twin = redis.asyncio.Redis(connection_pool=redis.asyncio.ConnectionPool(**kwargs))
+        twin = redis.asyncio.Redis(connection_pool=TwinPool(async_cap(pool), **kwargs))
         per_loop[loop] = twin
         if pool in _node_pools:  # a cluster node's: its redirections follow that cluster
             _async_origins[twin.connection_pool] = client

@@ -10,7 +10,10 @@ labels, where the name is not), plus:
   ``None`` in watchdog mode). Sent when an owner starts holding, not on reentry.
 - ``released``: ``owner``, ``held`` (seconds), ``reason`` (``"unlock"``, or ``"owner ended"``
   when the watchdog released the hold of a thread or task that ended without unlocking).
-- ``lost``: ``owner``, ``held``, ``how`` (expired, force-unlocked).
+- ``lost``: ``owner``, ``held``, ``how`` (in words), ``reason`` (``"expired"``,
+  ``"force_unlocked"``, ``"unconfirmed"``, ``"ran_out"`` or ``"max_hold"``: see ``windows``).
+- ``held_long``: ``owner``, ``held``, ``threshold``: a hold older than its
+  ``warn_held_after`` (once per hold, from the watchdog's sweep, said on a pool thread).
 - ``busy``: ``ttl`` (seconds left on the holder's lease, or None): a ``@locked`` call turned away.
 - ``force_unlocked``: ``deleted`` (whether a lock was there).
 - ``wait_started``: an acquire's first attempt found the lock taken and the caller waits (the
@@ -29,8 +32,8 @@ labels, where the name is not), plus:
   ``reason`` (revoked: ``"stopped"``, ``"lost"``, ``"in doubt"``). ``label`` is the group's
   lock name. Sent on the Leader's thread (or task), before its callback.
 
-Listeners run synchronously on the thread that caused the event (the watchdog thread for
-``lost`` and ``owner ended``); an exception in one is logged and never reaches the lock. With
+Listeners run synchronously on the thread that caused the event (the watchdog's threads for
+``lost``, ``held_long`` and ``owner ended``); an exception in one is logged and never reaches the lock. With
 no listener the hot path pays one truth test of a list.
 """
 
@@ -42,7 +45,7 @@ from typing import Any
 
 logger = logging.getLogger("django_rlock")
 
-EVENTS = ("acquired", "released", "lost", "busy", "force_unlocked", "leader_started",
+EVENTS = ("acquired", "released", "lost", "busy", "force_unlocked", "held_long", "leader_started",
           "leader_elected", "leader_revoked", "wait_started", "wait_ended", "refused")
 
 Listener = Callable[[str, dict[str, Any]], Any]

@@ -88,6 +88,9 @@ _AUX_PREFIXES = tuple(p + ":" for p in (FAIR_QUEUE_PREFIX, FAIR_TIMEOUT_PREFIX, 
 # A read hold's timeout string, ``{key}:<owner>:rwlock_timeout:<k>``. (A permit zset
 # ``{key}:timeout`` is neither hash nor string, so never a candidate.)
 _AUX_NAME = re.compile(r".+:\d+:rwlock_timeout:\d+", re.DOTALL)
+# A rate limiter's counter ``{key}:value`` (and Redisson's PER_CLIENT ``{key}:value:<id>``): an
+# integer string, which is no semaphore.
+_RATE_VALUE = re.compile(r".*\{.*\}.*:value(:[^:]+)?", re.DOTALL)
 
 
 def glob_escape(text: str) -> str:
@@ -97,7 +100,8 @@ def glob_escape(text: str) -> str:
 
 def is_auxiliary(key: str) -> bool:
     """A key one of the kinds keeps beside its main key (queue, timeouts, token, index)."""
-    return key.startswith(_AUX_PREFIXES) or _AUX_NAME.fullmatch(key) is not None
+    return (key.startswith(_AUX_PREFIXES) or _AUX_NAME.fullmatch(key) is not None
+            or _RATE_VALUE.fullmatch(key) is not None)
 
 
 def _batches(items: Sequence[str], size: int = BATCH) -> Iterable[Sequence[str]]:
@@ -298,6 +302,11 @@ class Locks:
         kind = self._kind_of(entry, "lock", "hash", probe)
         if kind is None or (kind.modes and fields.get("mode") not in ("read", "write")):
             return None
+        if kind.read is not None:  # settings, not holders (a rate limiter)
+            found = kind.read(self.client, key)
+            if found is None:
+                return None
+            return LockInfo(key[len(self.prefix):], key, ttl, (), fields, kind.name, found)
         holders = holders_of(fields, entry, kind.modes)
         if holders is None:
             return None

@@ -16,7 +16,7 @@ from typing import Any
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from . import identity, replicas, wakeline
+from . import identity, leases, replicas, wakeline
 from .base import (
     GRANT_CHECK_MARGIN,
     REGISTRATION_SLACK_MS,
@@ -32,7 +32,7 @@ from .clients import refresh
 from .naming import UNLOCK_MESSAGE
 from .scripts import REDIRECT_BACKOFF, RELEASE_SCRIPT, RENEW_SCRIPT, call_once
 from .wait import loop as waiting
-from .watchdog import server_id
+from .watchdog import server_id, watchdog
 
 
 class RLock(LockBase):
@@ -43,16 +43,20 @@ class RLock(LockBase):
     watchdog mode: a ``watchdog_timeout`` lease kept alive by this process while held.
 
     ``on_lost(name)`` is called (on the watchdog thread) if a renewal finds the lock gone
-    while it is held; ``is_lost()`` tells the holder the same.
+    while it is held (``on_lost(name, reason=...)`` if it takes a ``reason``); ``is_lost()``
+    tells the holder the same. ``max_hold``: seconds after which a hold is never renewed
+    again (it expires then, and is lost); ``warn_held_after``: seconds after which a hold
+    is logged once as held long (``windows``).
     """
 
     _CLUSTER = True
 
     def __init__(self, client: Any, name: str, prefix: str = "", watchdog_timeout: float = 30.0,
-                 *, on_lost: Callable[[str], Any] | None = None, label: str | None = None,
-                 sync_replicas: int | str | None = "auto", sync_timeout: float = 1.0) -> None:
+                 *, on_lost: Callable[..., Any] | None = None, label: str | None = None,
+                 sync_replicas: int | str | None = "auto", sync_timeout: float = 1.0,
+                 max_hold: float | None = None, warn_held_after: float | None = None) -> None:
         super().__init__(client, name, prefix, watchdog_timeout, on_lost, label, sync_replicas,
-                         sync_timeout)
+                         sync_timeout, max_hold, warn_held_after)
         self._server = server_id(self._client)
 
     def _target(self) -> tuple[int, tuple[int, int] | None]:
@@ -268,6 +272,24 @@ class RLock(LockBase):
                       (orphan.owner, orphan.lease_ms, UNLOCK_MESSAGE))
 
     release = unlock
+
+    def release_as_lease(self, seconds: float) -> bool:
+        """End this hold but leave the lock held ``seconds`` more, as a plain lease on the
+        server that nobody renews, releases or re-enters (``leases``): a run that ends early
+        still keeps others out for its window. True if the lock is now such a lease; False
+        if this was a reentrant hold (one level released, as ``unlock()``), or ``seconds``
+        is 0 (released as ``unlock()``). ``LockNotOwnedError`` if not held."""
+        ms = leases.lease_ms(seconds, self.name)
+        k = (self._server, self.key, self._field())
+        hold = watchdog().get(k)
+        if not ms or (hold is not None and hold.count > 1):
+            self.unlock()
+            return False
+        r = call_once(self._client, leases.LEASE_OUT_SCRIPT,
+                      (self.key, self._channel, self._release_keys[2]),
+                      (k[2], leases.lease_field(k[2], self._owner()), ms,
+                       leases.message_of(self)))
+        return leases.booked(watchdog(), k, hold, r, self.name, self.key, self.label)
 
     def force_unlock(self) -> bool:
         """Delete the lock whoever holds it and wake its waiters. True if a lock was deleted."""

@@ -120,3 +120,21 @@ LEADER_PREFIX = "rlock-leader"
 def leader_name(group: str) -> str:
     """The lock name of ``group``'s leadership (the key is the prefix plus it)."""
     return f"{LEADER_PREFIX}:{group}"
+
+
+# The rate limiter: Redisson's RRateLimiter keeps its settings in a hash at the key itself,
+# the permits left in ``{key}:value`` and the grants in ``{key}:permits``; the line of waiters
+# and the channel that wakes them are ours (a Redisson client ignores them).
+RATE_CHANNEL_PREFIX = "rlock_rate"
+RATE_LINE = "rlock_line"
+
+
+def rate_keys(key: str) -> tuple[str, str, str, str, str]:
+    """The limiter hash, its counter, its grants, its line of waiters and their deadlines."""
+    return (key, suffix_name(key, "value"), suffix_name(key, "permits"),
+            suffix_name(key, RATE_LINE), suffix_name(key, RATE_LINE + "_timeout"))
+
+
+def rate_channel(key: str) -> str:
+    """Where a change of a limiter's rate or budget is told to its waiters."""
+    return _prefixed(RATE_CHANNEL_PREFIX, key)

@@ -17,6 +17,7 @@ import os
 import time
 from typing import Any
 
+from . import windows
 from .errors import LockNotOwnedError
 from .kinds import Kind, declare
 from .lock import check_seconds
@@ -57,11 +58,16 @@ class _PermitsBase(Named):
     _WHAT = "semaphore"
 
     def __init__(self, client: Any, name: str, prefix: str = "", watchdog_timeout: float = 30.0,
-                 *, aio: bool = False, sync_client: Any = None) -> None:
+                 *, aio: bool = False, sync_client: Any = None, max_hold: float | None = None,
+                 warn_held_after: float | None = None) -> None:
         super().__init__(client, name, prefix, aio=aio, sync_client=sync_client)
         wt = check_seconds(watchdog_timeout, "watchdog_timeout", name, zero_ok=False)
         self.watchdog_timeout = wt
-        self._watchdog_ms = max(1, math.ceil(wt * 1000))
+        #: Time windows of each permit taken (``windows``): a renewed permit is never renewed
+        #: past ``max_hold`` (it expires then); a lease may not be longer.
+        self.max_hold = windows.check_window(max_hold, "max_hold", name)
+        self.warn_held_after = windows.check_window(warn_held_after, "warn_held_after", name)
+        self._watchdog_ms = max(1, math.ceil(min(wt, self.max_hold or wt) * 1000))
         #: Redisson's ``{<key>}:timeout``: the permits taken and when each expires.
         self.timeout_key = suffix_name(self.key, "timeout")
         self._keys = (self.key, self.timeout_key, self._channel, self._index)
@@ -70,6 +76,7 @@ class _PermitsBase(Named):
         if lease_time is None:
             return None
         lease = check_seconds(lease_time, "lease_time", self.name, zero_ok=False)
+        windows.check_lease(lease, self.max_hold, self.name)
         return max(1, math.ceil(lease * 1000))
 
     def _permit(self, permit_id: Any) -> str:
@@ -99,7 +106,7 @@ class _PermitsBase(Named):
             self._hold_key(permit_id), self._sync_client, self.name, self._watchdog_ms, True,
             self.watchdog_timeout, None, scripts_keys=self._keys,
             kind=HoldKind(PES_RENEW_SCRIPT, self.timeout_key, PES_RELEASE_SCRIPT, (permit_id,)),
-            since=sent)
+            since=sent, max_hold=self.max_hold, warn_after=self.warn_held_after)
         return time.monotonic() - sent <= self._watchdog_ms / 2000.0
 
     def _late_checked(self, permit_id: str, sent: float, reply: Any) -> int | None:
@@ -143,8 +150,10 @@ class PermitExpirableSemaphore(_PermitsBase):
     """
 
     def __init__(self, client: Any, name: str, prefix: str = "",
-                 watchdog_timeout: float = 30.0) -> None:
-        super().__init__(client, name, prefix, watchdog_timeout)
+                 watchdog_timeout: float = 30.0, *, max_hold: float | None = None,
+                 warn_held_after: float | None = None) -> None:
+        super().__init__(client, name, prefix, watchdog_timeout, max_hold=max_hold,
+                         warn_held_after=warn_held_after)
 
     def try_set_permits(self, permits: int) -> bool:
         """Set the count if the semaphore has none yet; True if it was set."""
@@ -227,9 +236,11 @@ class AsyncPermitExpirableSemaphore(_PermitsBase):
     ``acquire`` never keeps a permit."""
 
     def __init__(self, client: Any, name: str, prefix: str = "", watchdog_timeout: float = 30.0,
-                 *, sync_client: Any = None) -> None:
+                 *, sync_client: Any = None, max_hold: float | None = None,
+                 warn_held_after: float | None = None) -> None:
         super().__init__(client, name, prefix, watchdog_timeout, aio=True,
-                         sync_client=sync_client)
+                         sync_client=sync_client, max_hold=max_hold,
+                         warn_held_after=warn_held_after)
 
     async def try_set_permits(self, permits: int) -> bool:
         n = self._count(permits)

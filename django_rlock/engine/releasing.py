@@ -44,7 +44,9 @@ class Releasing:
     def _release_plan(self, k: HoldKey) -> Release:
         wd = watchdog()
         hold = wd.get(k)
-        plan = Release(k, hold, hold.lease_ms if hold is not None else self._watchdog_ms)
+        # A partial release sets the lease in force again: never past the hold's max_hold.
+        plan = Release(k, hold, hold.cap(hold.lease_ms) if hold is not None
+                       else self._watchdog_ms)
         if self._HANDOFF and (hold is None or hold.count <= 1):
             # The final release: maybe hand off, maybe publish.
             plan.mgr = pubsub.existing_manager(self._sync_client)

@@ -216,7 +216,10 @@ def renew_calls(group: list[Any], per_slot: bool, now: float) -> tuple[list[Any]
             args: list[Any] = []
             for h in chunk:
                 args.append(h.owner)
-                args.append(int(h.period * 3000) or max(1, int((h.expires_at - now) * 1000)))
+                # Never past the hold's max_hold, even for a renewal already in flight: the
+                # lease is cut at the send (``Hold.cap``), so none outlives the window.
+                args.append(h.cap(int(h.period * 3000)
+                                  or max(1, int((h.expires_at - now) * 1000)), now))
                 h.top_up_ms = 0
             calls.append((chunk[0].renew_script, tuple(h.renew_key for h in chunk),
                           tuple(args)))
@@ -233,16 +236,23 @@ class Scheduler:
     ``route(client)`` names the server a hold's client goes to (one queue per server).
     Items are the watchdog's holds: keyed ``(server, key, owner)`` in ``holds``, with
     ``due``, ``slack``, ``period``, ``renew``, ``thread``, ``top_up_ms``, ``expires_at``,
-    ``valid_until``, ``late_at``, ``queued``, ``ending`` and ``client``.
+    ``valid_until``, ``late_at``, ``queued``, ``ending`` and ``client``, and the time windows
+    (``windows``): ``warn_at``, ``deadline``, ``next_due``, ``next_slack``. ``alarm(hold,
+    now, notes)`` (under the lock) acts on a hold whose window is due, True if it ended it;
+    ``notify(notes)`` says what the alarms decided, on a pool thread.
     """
 
     def __init__(self, cond: threading.Condition, holds: dict[Any, Any],
                  send: Callable[[list[Any], list[Any], int], None],
-                 route: Callable[[Any], Any]) -> None:
+                 route: Callable[[Any], Any],
+                 alarm: Callable[[Any, float, list[Any]], bool],
+                 notify: Callable[[list[Any]], None]) -> None:
         self._cond = cond
         self._holds = holds
         self._send = send
         self._route = route
+        self._alarm = alarm
+        self._notify = notify
         self._timeline = Timeline()  # every hold's next due time (renewal, top-up, forgetting)
         self._queues = Queues()
         self._pool: ThreadPoolExecutor | None = None  # drains each server on its own thread
@@ -252,8 +262,14 @@ class Scheduler:
 
     def schedule(self, hold: Any, due: float, slack: float) -> None:
         """(Under the lock.) ``hold`` is next due at ``due``; the sweep wakes for it if it
-        sleeps past that."""
-        hold.due = self._timeline.add(hold, due, slack)
+        sleeps past that. A window of it due sooner (``alarm_at``) takes the entry's place."""
+        hold.next_due = due
+        hold.next_slack = slack
+        alarm = hold.alarm_at() + GRAIN  # a bucket never taken before the alarm is due
+        if alarm < due:
+            hold.due = self._timeline.add(hold, alarm, 0.0)
+        else:
+            hold.due = self._timeline.add(hold, due, slack)
         if hold.due < self._wake_at:
             self._cond.notify()
 
@@ -263,6 +279,10 @@ class Scheduler:
             self._thread = threading.Thread(target=self._run, name="django-rlock-watchdog",
                                             daemon=True)
             self._thread.start()
+
+    def alive(self) -> bool | None:
+        """The sweep thread: None before the first hold started it, else whether it runs."""
+        return None if self._thread is None else self._thread.is_alive()
 
     def released(self) -> None:
         """(Under the lock.) A hold was dropped: its entries are stale."""
@@ -277,26 +297,31 @@ class Scheduler:
                 if self._timeline.stale(len(self._holds)):
                     self._rebuild()
                 now = time.monotonic()
-                start, more = self._take(now)
+                notes: list[Any] = []
+                start, more = self._take(now, notes)
+                if notes or start and self._pool is None:
+                    if self._pool is None:
+                        self._pool = ThreadPoolExecutor(max_workers=8,
+                                                        thread_name_prefix="django-rlock-renew")
+                    if notes:
+                        self._pool.submit(self._notify, notes)
                 if not start and not more:
                     next_at = self._timeline.next_at()
                     self._wake_at = next_at
                     self._cond.wait(None if next_at == float("inf") else max(0.0, next_at - now))
                     self._wake_at = 0.0
                     continue
-                if start and self._pool is None:
-                    self._pool = ThreadPoolExecutor(max_workers=8,
-                                                    thread_name_prefix="django-rlock-renew")
             for server in start:
                 self._pool.submit(self._drain, server)  # type: ignore[union-attr]
             if more:
                 time.sleep(0)  # let the acquires waiting on the lock in before the next take
 
-    def _take(self, now: float) -> tuple[list[tuple[Any, ...]], bool]:
+    def _take(self, now: float, notes: list[Any]) -> tuple[list[tuple[Any, ...]], bool]:
         """(Under the lock.) Take up to ``TAKE_LIMIT`` due holds off the timeline: queue each
         for its server (a renewal, a top-up, the release of an ended thread's hold) and
-        schedule its next due time; forget the lease holds whose lease is over. Returns the
-        servers whose drain must start, and whether more may be due."""
+        schedule its next due time; forget the lease holds whose lease is over; act on the
+        windows due (``alarm``, what it decided into ``notes``). Returns the servers whose
+        drain must start, and whether more may be due."""
         start: list[Any] = []
         holds = self._holds
         routes: dict[int, Any] = {}  # per client (a take's holds mostly share a few)
@@ -316,6 +341,14 @@ class Scheduler:
                 if h.due != t or holds.get(k) is not h:
                     continue  # released, or rescheduled since this entry was made
                 h.due = -1.0  # taken: a second entry of it is stale from now on
+                # A window (inf for most holds: one comparison) may be what is due, not the
+                # hold itself: then it goes back on the timeline at its own due time.
+                if h.warn_at <= now or h.renew and h.deadline <= now:
+                    if self._alarm(h, now, notes):
+                        continue
+                    if h.next_due - h.next_slack > now:
+                        self.schedule(h, h.next_due, h.next_slack)
+                        continue
                 if h.renew:
                     th = h.thread
                     if th is not None:
@@ -327,6 +360,11 @@ class Scheduler:
                             h.ending = True
                             self._enqueue(h, start, routes)
                             continue
+                    if h.valid_until >= h.deadline:
+                        # Its lease already ends at its max_hold: nothing left to renew (a
+                        # renewal now could only find it gone); its alarm ends it there.
+                        self.schedule(h, h.deadline + h.period, 0.0)
+                        continue
                     h.late_at = h.valid_until - h.slack
                     h.slack = h.period / 2
                     same = renewed.get(h.period)
@@ -346,7 +384,15 @@ class Scheduler:
                 else:
                     self.schedule(h, h.expires_at + 1.0, 0.0)
         for period, same in renewed.items():
-            self._timeline.add_many(same, now + period, period / 2)
+            soon, slack = now + period, period / 2
+            together = []
+            for h in same:
+                if h.warn_at < soon or h.deadline < soon:
+                    self.schedule(h, soon, slack)  # a window first: an entry of its own
+                else:
+                    h.next_due, h.next_slack = soon, slack
+                    together.append(h)
+            self._timeline.add_many(together, soon, slack)
         return start, more
 
     def _enqueue(self, h: Any, start: list[Any], routes: dict[int, Any]) -> None:
@@ -366,8 +412,7 @@ class Scheduler:
         """(Under the lock.) A timeline of the registered holds alone, at their due times."""
         self._timeline = Timeline()
         for h in self._holds.values():
-            live = h.renew or h.top_up_ms
-            self.schedule(h, h.due, h.slack if live else 0.0)
+            self.schedule(h, h.next_due, h.next_slack)
 
     def _drain(self, server: tuple[Any, ...]) -> None:
         """Send ``server``'s queue in pipelines of at most ``PIPELINE_HOLDS`` holds until it is

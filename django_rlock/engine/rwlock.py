@@ -158,10 +158,12 @@ class ReadWriteLock:
     """
 
     def __init__(self, client: Any, name: str, prefix: str = "", watchdog_timeout: float = 30.0,
-                 *, on_lost: Callable[[str], Any] | None = None, label: str | None = None,
-                 sync_replicas: int | str | None = "auto", sync_timeout: float = 1.0) -> None:
+                 *, on_lost: Callable[..., Any] | None = None, label: str | None = None,
+                 sync_replicas: int | str | None = "auto", sync_timeout: float = 1.0,
+                 max_hold: float | None = None, warn_held_after: float | None = None) -> None:
         kw: dict[str, Any] = {"on_lost": on_lost, "label": label,
-                              "sync_replicas": sync_replicas, "sync_timeout": sync_timeout}
+                              "sync_replicas": sync_replicas, "sync_timeout": sync_timeout,
+                              "max_hold": max_hold, "warn_held_after": warn_held_after}
         self._read = ReadLock(client, name, prefix, watchdog_timeout, **kw)
         self._write = WriteLock(client, name, prefix, watchdog_timeout, **kw)
         self.name = name
@@ -213,11 +215,13 @@ class AsyncReadWriteLock:
     """``ReadWriteLock`` for asyncio (task-scoped owners). ``sync_client``: as ``AsyncRLock``."""
 
     def __init__(self, client: Any, name: str, prefix: str = "", watchdog_timeout: float = 30.0,
-                 *, on_lost: Callable[[str], Any] | None = None, sync_client: Any = None,
+                 *, on_lost: Callable[..., Any] | None = None, sync_client: Any = None,
                  label: str | None = None, sync_replicas: int | str | None = "auto",
-                 sync_timeout: float = 1.0) -> None:
+                 sync_timeout: float = 1.0, max_hold: float | None = None,
+                 warn_held_after: float | None = None) -> None:
         kw: dict[str, Any] = {"on_lost": on_lost, "label": label,
-                              "sync_replicas": sync_replicas, "sync_timeout": sync_timeout}
+                              "sync_replicas": sync_replicas, "sync_timeout": sync_timeout,
+                              "max_hold": max_hold, "warn_held_after": warn_held_after}
         self._read = AsyncReadLock(client, name, prefix, watchdog_timeout,
                                    sync_client=sync_client, **kw)
         # One sync twin for both sides (renewal and waiting share its pool and subscription).

@@ -24,6 +24,7 @@ from redis.exceptions import (
     TryAgainError,
 )
 
+from .aiopool import closed_while_idle
 from .clients import (
     async_twin,
     cluster_of,
@@ -258,6 +259,7 @@ async def _acall_once(client: Any, script: Script, keys: tuple[Any, ...], args: 
     conn = getattr(client, "connection", None)
     if conn is not None:  # single_connection_client=True
         async with client._single_conn_lock:
+            await _aready(client, conn)
             return await _acall_on(conn, script, keys, args, wait, asking)
     pool = client.connection_pool
     try:
@@ -267,9 +269,25 @@ async def _acall_once(client: Any, script: Script, keys: tuple[Any, ...], args: 
             raise
         raise _NotSent(exc) from exc
     try:
+        await _aready(client, conn)
         return await _acall_on(conn, script, keys, args, wait, asking)
     finally:
         await pool.release(conn)
+
+
+async def _aready(client: Any, conn: Any) -> None:
+    """Before the script is written: an idle connection the server closed (a restart, its
+    ``timeout``) is replaced, as a sync checkout does (invariant 38). Nothing has been sent,
+    so a failure to connect again is raised as such ("not sent" on a cluster node)."""
+    if not closed_while_idle(conn):
+        return
+    try:
+        await conn.disconnect()
+        await conn.connect()
+    except (ConnectionError, TimeoutError) as exc:
+        if cluster_of(client) is None:
+            raise
+        raise _NotSent(exc) from exc
 
 
 async def acall_once(client: Any, script: Script, keys: tuple[Any, ...], args: tuple[Any, ...],

@@ -24,52 +24,21 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from typing import Any
 
 from redis.exceptions import AskError, MovedError, NoScriptError
 
-from . import events, process, replicas
+from . import events, process, replicas, windows
 from .clients import cluster_of, is_cluster_node, node_client, refresh
+from .holds import INF, Hold, HoldKey, HoldKind, LostCallback, server_id
 from .renewal import Lateness, Scheduler, renew_calls
-from .scripts import FORCE_UNLOCK_OWNER_SCRIPT, RENEW_SCRIPT, Script
+from .scripts import Script
 
 logger = logging.getLogger("django_rlock")
 
 #: Lost holds remembered for ``is_lost()`` until the owner acquires or releases again.
 _MAX_LOST = 10_000
-
-LostCallback = Callable[[str], Any]
-
-_server_ids: weakref.WeakKeyDictionary[Any, tuple[Any, ...]] = weakref.WeakKeyDictionary()
-
-
-def server_id(client: Any) -> tuple[Any, ...]:
-    """Identify the Redis database behind a client, so clients sharing one agree on holds.
-
-    Django's built-in RedisCache hands out a new client (and per-thread pools) per call; a
-    lock taken through one must be released and renewed through another.
-    """
-    pool = client.connection_pool
-    try:
-        return _server_ids[pool]
-    except KeyError:
-        pass
-    except TypeError:  # not weak-referenceable
-        return ("pool", id(pool))
-    kw = getattr(pool, "connection_kwargs", {})
-    ident: tuple[Any, ...] = (
-        type(pool).__name__,
-        getattr(pool, "service_name", None),
-        kw.get("host"),
-        kw.get("port"),
-        kw.get("path"),
-        kw.get("db", 0),
-        kw.get("username"),
-    )
-    _server_ids[pool] = ident
-    return ident
 
 
 def _follow(group: list[Hold], exc: Exception) -> bool:
@@ -88,74 +57,6 @@ def _follow(group: list[Hold], exc: Exception) -> bool:
     return True
 
 
-class Hold:
-    """One key held by one owner of this process."""
-
-    __slots__ = ("client", "server", "key", "name", "owner", "count", "lease_ms", "renew",
-                 "period", "due", "lost", "on_lost", "expires_at", "thread", "since", "label",
-                 "scripts_keys", "valid_until", "renew_script", "renew_key", "end_script",
-                 "end_args", "top_up_ms", "slack", "queued", "ending", "late_at")
-
-    def __init__(self, client: Any, server: tuple[Any, ...], key: str, name: str, owner: str) -> None:
-        self.client = client
-        self.server = server
-        self.key = key
-        self.name = name
-        self.owner = owner
-        self.count = 0
-        self.lease_ms = 0
-        self.renew = False          # watchdog mode: renewed until released
-        self.period = 0.0
-        self.due = 0.0              # monotonic time of the next renewal (or of forgetting a lease hold)
-        self.lost = False
-        self.on_lost: LostCallback | None = None
-        self.expires_at = 0.0       # lease mode: when the lease we set runs out
-        self.thread: threading.Thread | None = None  # the owner thread (None: a task, a mark)
-        self.since = time.monotonic()
-        self.label: str | None = None
-        self.scripts_keys: tuple[Any, ...] = ()  # (key, channel, index) for a release on its behalf
-        self.valid_until = 0.0      # monotonic end of the last lease confirmed (acquire, renewal)
-        # How a kind renews and ends its holds: the script run per hold (KEYS[i] renew_key,
-        # ARGV owner and lease ms), and the one that releases a hold whose owner ended
-        # (KEYS scripts_keys, ARGV end_args). The lock's own by default.
-        self.renew_script: Script = RENEW_SCRIPT
-        self.renew_key = key
-        self.end_script: Script = FORCE_UNLOCK_OWNER_SCRIPT
-        self.end_args: tuple[Any, ...] = (owner, "0")
-        #: A lease hold granted with a shorter lease than its own: the lease (ms) its one
-        #: early renewal sets, once due (0: none pending, or sent).
-        self.top_up_ms = 0
-        #: How early (s) a sweep may renew it, to batch it with others: half a period,
-        #: except for a first renewal brought forward by a short grant lease.
-        self.slack = 0.0
-        self.queued = False         # in its server's renewal queue
-        self.ending = False         # its owner thread ended: queued to be released
-        #: Sent after this (monotonic), a renewal is late: less than a sixth of the lease in
-        #: force is left (set when the sweep takes it).
-        self.late_at = float("inf")
-
-
-HoldKey = tuple[tuple[Any, ...], str, str]
-
-
-class HoldKind:
-    """How holds of one lock kind are renewed and, when their owner ends, released.
-
-    ``renew_script`` runs batched like RENEW: KEYS are the holds' ``renew_key``, ARGV one
-    (owner, lease ms) pair per key, reply one 1/0 per key. ``end_script`` runs with the
-    hold's ``scripts_keys`` and ``end_args`` and replies 1 if it released something.
-    """
-
-    __slots__ = ("renew_script", "renew_key", "end_script", "end_args")
-
-    def __init__(self, renew_script: Script, renew_key: str, end_script: Script,
-                 end_args: tuple[Any, ...]) -> None:
-        self.renew_script = renew_script
-        self.renew_key = renew_key
-        self.end_script = end_script
-        self.end_args = end_args
-
-
 class Watchdog:
     """The per-process registry of holds and its renewal thread."""
 
@@ -165,7 +66,8 @@ class Watchdog:
         self._holds: dict[HoldKey, Hold] = {}
         self._lost: dict[HoldKey, Hold] = {}
         #: The sweep thread, the holds' due times and each server's queue and drain.
-        self._sched = Scheduler(self._wakeup, self._holds, self._send, server_id)
+        self._sched = Scheduler(self._wakeup, self._holds, self._send, server_id, self.alarm,
+                                self.notify)
         #: Round trips and renewed keys since start (read by tests and the benchmark).
         self.round_trips = 0
         self.renewed = 0
@@ -180,7 +82,8 @@ class Watchdog:
                  watchdog_timeout: float, on_lost: LostCallback | None, *,
                  thread: threading.Thread | None = None, label: str | None = None,
                  scripts_keys: tuple[Any, ...] = (), kind: HoldKind | None = None,
-                 grant_ms: int | None = None, since: float | None = None) -> Hold:
+                 grant_ms: int | None = None, since: float | None = None,
+                 max_hold: float | None = None, warn_after: float | None = None) -> Hold:
         """Record a successful acquire, before the result is handed back to the caller.
 
         ``thread``: the owner thread, watched so its hold is released if it ends holding.
@@ -191,6 +94,8 @@ class Watchdog:
         the round trip that set it; for a grant, the start of the wait it ends). Leases are
         counted from there, never from when the reply was read: a process frozen between the
         two must not believe in time it does not have (invariant 31).
+        ``max_hold`` / ``warn_after``: the hold's time windows (``windows``), counted from its
+        first acquire; a reentry may narrow ``max_hold``, never widen it.
         """
         now = time.monotonic()
         base = now if since is None else min(since, now)
@@ -206,8 +111,23 @@ class Watchdog:
                     hold.renew_key = kind.renew_key
                     hold.end_script = kind.end_script
                     hold.end_args = kind.end_args
+                # Windows count from the acquire's send, the earliest the hold can have begun
+                # (never longer than asked); a grant's ``since`` is when its wait began, long
+                # before it held: from when it is booked.
+                start = now if grant_ms is not None else base
+                if max_hold:
+                    hold.max_hold = max_hold
+                    hold.deadline = start + max_hold
+                if warn_after:
+                    hold.warn_after = warn_after
+                    hold.warn_at = start + warn_after
                 self._holds[k] = hold
                 self._lost.pop(k, None)
+            elif max_hold and hold.since + max_hold < hold.deadline:
+                hold.max_hold = max_hold
+                hold.deadline = hold.since + max_hold
+                if hold.due > 0:  # its alarm may come sooner now
+                    self._sched.schedule(hold, hold.next_due, hold.next_slack)
             hold.count += 1
             hold.on_lost = on_lost
             due: float | None = None
@@ -222,7 +142,8 @@ class Watchdog:
             if not hold.renew:
                 # A grant's own lease starts when it is read (its top-up sets the rest); its
                 # validity is still counted from ``base`` below.
-                hold.expires_at = (now if grant_ms is not None else base) + lease_ms / 1000.0
+                hold.expires_at = min(hold.deadline,
+                                      (now if grant_ms is not None else base) + lease_ms / 1000.0)
                 due = hold.expires_at + 1.0
             if grant_ms is not None and grant_ms < hold.lease_ms and hold.count == 1:
                 # Renewed between a third and a half of the way through the grant lease: never
@@ -231,9 +152,10 @@ class Watchdog:
                     hold.top_up_ms = 1  # the rest of its own lease, worked out when due
                 due = base + grant_ms / 2000.0
                 slack = hold.slack = grant_ms / 6000.0
-                hold.valid_until = base + grant_ms / 1000.0
+                hold.valid_until = min(hold.deadline, base + grant_ms / 1000.0)
             else:
-                hold.valid_until = max(hold.valid_until, base + hold.lease_ms / 1000.0)
+                hold.valid_until = min(hold.deadline,
+                                       max(hold.valid_until, base + hold.lease_ms / 1000.0))
             if due is not None:
                 self._sched.schedule(hold, due, slack)
             self._sched.start()
@@ -246,10 +168,11 @@ class Watchdog:
             if self._holds.get(k) is not hold:
                 return
             hold.top_up_ms = 0
-            hold.valid_until = max(hold.valid_until, sent + lease_ms / 1000.0)
+            hold.valid_until = min(hold.deadline,
+                                   max(hold.valid_until, sent + lease_ms / 1000.0))
             if hold.renew:
                 hold.slack = hold.period / 2
-                if sent + hold.period > hold.due:
+                if sent + hold.period > hold.next_due:
                     self._sched.schedule(hold, sent + hold.period, hold.slack)
 
     def discard(self, k: HoldKey, hold: Hold) -> bool:
@@ -286,13 +209,14 @@ class Watchdog:
             for k, hold in holds:
                 if self._holds.get(k) is hold:  # not one acquired after the delete
                     del self._holds[k]
-                    self._remember_lost(k, hold)
+                    self._remember_lost(k, hold, "force_unlocked")
                     dropped.append(hold)
         for hold in dropped:
-            self._tell_lost(hold, "force-unlocked")
+            self._tell_lost(hold, "force-unlocked", "force_unlocked")
 
-    def _remember_lost(self, k: HoldKey, hold: Hold) -> None:
+    def _remember_lost(self, k: HoldKey, hold: Hold, reason: str) -> None:
         hold.lost = True
+        hold.reason = reason
         if len(self._lost) >= _MAX_LOST:
             self._lost.pop(next(iter(self._lost)))
         self._lost[k] = hold
@@ -306,8 +230,64 @@ class Watchdog:
             return hold.lost or (hold.renew and time.monotonic() > hold.valid_until)
         return k in self._lost
 
+    def lost_reason(self, k: HoldKey) -> str | None:
+        """Why the hold of ``k`` was lost (``windows.REASONS``), while ``is_lost`` remembers
+        it; ``"unconfirmed"`` for a hold in doubt; None if it is not lost."""
+        hold = self._holds.get(k)
+        if hold is not None:
+            if hold.lost:
+                return hold.reason
+            if hold.renew and time.monotonic() > hold.valid_until:
+                return "max_hold" if hold.valid_until >= hold.deadline else "unconfirmed"
+            return None
+        lost = self._lost.get(k)
+        return None if lost is None else lost.reason
+
+    def oldest(self) -> dict[str | None, float]:
+        """Per label, how long the oldest hold of this process has been held (seconds)."""
+        now = time.monotonic()
+        out: dict[str | None, float] = {}
+        with self._lock:
+            for h in self._holds.values():
+                age = now - h.since
+                if age > out.get(h.label, -1.0):
+                    out[h.label] = age
+        return out
+
+    def alarm(self, h: Hold, now: float, notes: list[tuple[str, Hold]]) -> bool:
+        """(Under the lock, from the sweep.) A window of ``h`` is due: its one warning, or its
+        ``max_hold``, which ends it here (never renewed again, told lost). True if ended."""
+        if h.warn_at <= now:
+            h.warn_at = INF
+            notes.append(("held_long", h))
+        if h.renew and h.deadline <= now:
+            k = (h.server, h.key, h.owner)
+            del self._holds[k]
+            self._remember_lost(k, h, "max_hold")
+            notes.append(("max_hold", h))
+            return True
+        return False
+
+    def notify(self, notes: list[tuple[str, Hold]]) -> None:
+        """(On a pool thread.) What the alarms decided, said outside the lock."""
+        windows.notify(notes, self._tell_lost)
+
     def forget_lost(self, k: HoldKey) -> None:
         self._lost.pop(k, None)
+
+    def holds(self) -> list[Hold]:
+        """The holds registered now (a copy; health reads them without the lock held)."""
+        with self._lock:
+            return list(self._holds.values())
+
+    def lost_count(self) -> int:
+        """Lost holds still remembered for ``is_lost()`` (their owners not yet told by a
+        release or a new acquire)."""
+        return len(self._lost)
+
+    def thread_alive(self) -> bool | None:
+        """The renewal thread: None before the first hold started it, else whether it runs."""
+        return self._sched.alive()
 
     def renewing(self) -> int:
         """How many holds are renewed by this process now."""
@@ -351,16 +331,17 @@ class Watchdog:
             with self._lock:
                 for h in group:  # soon, and well inside every lease (the sweep wakes for it)
                     retry = now + min(1.0, h.period / 4)
-                    if retry < h.due and self._holds.get((h.server, h.key, h.owner)) is h:
+                    if retry < h.next_due and self._holds.get((h.server, h.key, h.owner)) is h:
                         self._sched.schedule(h, retry, 0.0)
             for h in gone:
-                self._mark_lost(h, "could not be renewed before its lease ran out")
+                self._mark_lost(h, "could not be renewed before its lease ran out",
+                                "unconfirmed")
             return
         for h, ok in zip(group, results, strict=False):
             if not ok:
                 self._mark_lost(h)
             elif synced:  # on a replica too: a failover now keeps at least this lease
-                h.valid_until = max(h.valid_until, sent + h.lease_ms / 1000.0)
+                h.valid_until = min(h.deadline, max(h.valid_until, sent + h.lease_ms / 1000.0))
 
     def _renew_on(self, client: Any, group: list[Hold]) -> tuple[list[int], bool]:
         """Renew every hold of one server in one pipeline (with WAIT behind, on a master with
@@ -430,26 +411,25 @@ class Watchdog:
                 self.round_trips += 1
         return []
 
-    def _mark_lost(self, h: Hold, how: str = "expired or was force-unlocked") -> None:
+    def _mark_lost(self, h: Hold, how: str = "expired or was force-unlocked",
+                   reason: str = "expired") -> None:
         k = (h.server, h.key, h.owner)
         with self._lock:
             if self._holds.get(k) is not h:
                 return  # released (or released and taken again) while the renewal ran
             del self._holds[k]
-            self._remember_lost(k, h)
-        self._tell_lost(h, how)
+            self._remember_lost(k, h, reason)
+        self._tell_lost(h, how, reason)
 
-    def _tell_lost(self, h: Hold, how: str) -> None:
-        logger.warning("django-rlock: lock %r (key %r) was lost: it %s while held by %s; it is "
-                       "no longer renewed", h.name, h.key, how, h.owner)
+    def _tell_lost(self, h: Hold, how: str, reason: str) -> None:
+        if reason != "max_hold":  # that one has its own WARNING (``windows.notify``)
+            logger.warning("django-rlock: lock %r (key %r) was lost: it %s while held by %s; it "
+                           "is no longer renewed", h.name, h.key, how, h.owner)
         if events.listeners:
             events.emit("lost", name=h.name, key=h.key, label=h.label, owner=h.owner,
-                        held=time.monotonic() - h.since, how=how)
+                        held=time.monotonic() - h.since, how=how, reason=reason)
         if h.on_lost is not None:
-            try:
-                h.on_lost(h.name)
-            except Exception:
-                logger.exception("django-rlock: on_lost callback for lock %r failed", h.name)
+            windows.call_on_lost(h.on_lost, h.name, reason)
 
 
 def _replicas(client: Any, server: Any) -> int:
@@ -463,3 +443,5 @@ def _replicas(client: Any, server: Any) -> int:
 #: The registry of this process (a new one in a forked child: the parent's renewal thread does
 #: not exist there, and its holds are not the child's).
 watchdog: Callable[[], Watchdog] = process.local(Watchdog)
+
+__all__ = ["Hold", "HoldKey", "HoldKind", "LostCallback", "Watchdog", "server_id", "watchdog"]

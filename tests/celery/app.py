@@ -10,7 +10,8 @@ django.setup()
 from celery import Celery  # noqa: E402
 
 app = Celery("rlocktests", broker=os.environ["RLOCK_TEST_BROKER"],
-             backend=os.environ["RLOCK_TEST_BACKEND"], include=["tests.celery.tasks"])
+             backend=os.environ["RLOCK_TEST_BACKEND"],
+             include=["tests.celery.tasks", "tests.celery.rate_tasks"])
 app.conf.update(
     worker_prefetch_multiplier=1,
     task_track_started=True,

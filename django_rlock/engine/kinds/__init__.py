@@ -24,7 +24,7 @@ from typing import Any
 #: recognition for keys found without an index entry (a SCAN): the first whose ``detect``
 #: says yes, else the layout's fallback (the kind without ``detect``).
 MODULES = ("rwlock", "fair", "fenced", "nonreentrant", "aio", "semaphore", "permits", "latch",
-           "leader")
+           "leader", "ratelimit")
 
 #: A string key found by SCAN with no index entry: Redisson stores a semaphore and a latch
 #: alike (an integer string), so it is shown as either.
@@ -48,6 +48,8 @@ class Kind:
     ``details(probe, detail)``: what listing shows beyond the holders (``probe``: what listing
     read of the key and its auxiliary keys, see ``listing``); ``summary(details)``: them in a
     few words, for a table cell; ``lines(details)``: them one per line (``locks show``).
+    ``read(client, key)``: for a kind whose hash holds settings, not holders (a rate limiter):
+    listing shows it with no holders and takes its details from this read (None: not one).
     """
 
     name: str
@@ -61,6 +63,7 @@ class Kind:
     details: Callable[[dict[str, Any], bool], dict[str, Any]] | None = None
     summary: Callable[[dict[str, Any]], str] | None = None
     lines: Callable[[dict[str, Any]], list[str]] | None = None
+    read: Callable[[Any, str], dict[str, Any] | None] | None = None
     #: The module that declared it (``declare`` fills it in): its place in ``MODULES``.
     module: str = ""
 

@@ -1,4 +1,5 @@
-"""``manage.py locks list|show|clear``: see and force-unlock the live locks in Redis.
+"""``manage.py locks list|show|clear|doctor``: see and force-unlock the live locks in Redis,
+and check the health of the lock machinery and the server's settings (``doctor``).
 
 Every kind of the family is shown (KIND: lock, fair, rw, semaphore, permits, latch, fenced, leader;
 ``semaphore|latch`` for an integer string no index entry names) with its details: permits
@@ -16,6 +17,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from redis.exceptions import RedisError
 
 from django_rlock.engine import kinds
+from django_rlock.health import doctor, doctor_lines
 from django_rlock.inspection import Holder, LockInfo, LockInspector
 
 #: Shown for what is unknown: holders another Redisson client wrote have no index entry.
@@ -40,7 +42,8 @@ class Command(BaseCommand):
     help = "List, show or force-unlock django-rlock locks held in Redis."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        sub = parser.add_subparsers(dest="subcommand", required=True, metavar="{list,show,clear}")
+        sub = parser.add_subparsers(dest="subcommand", required=True,
+                                    metavar="{list,show,clear,doctor}")
 
         def command(name: str, help: str) -> CommandParser:
             p = sub.add_parser(name, help=help, description=help)
@@ -68,7 +71,22 @@ class Command(BaseCommand):
         p.add_argument("--noinput", "--no-input", action="store_false", dest="interactive",
                        help="Do not ask for confirmation.")
 
+        p = command("doctor", "Check the locks' health (Redis reachable, watchdog, pub/sub, "
+                              "replicas, holds in doubt) and the server settings that break "
+                              "locks, each with its fix. Exits 1 when something is wrong.")
+        p.add_argument("--format", choices=["table", "json"], default="table")
+
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["subcommand"] == "doctor":  # reports an unreachable server, never raises
+            try:
+                report = doctor(options["cache"])
+            except ImproperlyConfigured as exc:
+                raise CommandError(str(exc)) from exc
+            self.stdout.write(json.dumps(report, indent=2) if options["format"] == "json"
+                              else "\n".join(doctor_lines(report, self.style)))
+            if not report["ok"]:
+                raise CommandError("something is wrong with the locks (see above)", returncode=1)
+            return
         try:
             inspector = LockInspector(options["cache"])
             getattr(self, f"handle_{options['subcommand']}")(inspector, **options)
