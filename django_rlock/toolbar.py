@@ -72,7 +72,7 @@ def listen(event: str, data: dict[str, Any]) -> None:
             panel.rows.append(_row(data, "busy"))
     elif event == "busy":
         # A @locked call turned away: its acquire has its row (refused, or a wait that timed
-        # out), except an asyncio one-shot try, which sends no ``refused``.
+        # out); a kind that sent neither gets its row here.
         last = panel.rows[-1] if panel is not None and panel.rows else None
         if panel is not None and (last is None or last["name"] != data["name"]
                                   or last["outcome"] == "acquired"):

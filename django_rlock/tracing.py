@@ -119,8 +119,8 @@ class LockTracer:
 
     def _busy(self, tracer: Tracer, data: dict[str, Any]) -> None:
         """A ``@locked`` call turned away. Its failed acquire has its span already (``refused``,
-        or a wait's ``timeout``), except an asyncio one-shot try, which sends no ``refused``:
-        that one gets its span here (no kind, no holder; ``lock.holder.ttl_seconds``)."""
+        or a wait's ``timeout``); a kind that sent neither gets its span here (no kind, no
+        holder; ``lock.holder.ttl_seconds``)."""
         if _spanned.get() == data["key"]:
             _spanned.set(None)
             return

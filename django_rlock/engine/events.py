@@ -25,8 +25,7 @@ labels, where the name is not), plus:
   release rather than taken by its own attempt), ``client`` (the sync client, to read who holds
   the lock; None when acquired). Each ``wait_started`` has exactly one ``wait_ended``.
 - ``refused``: a one-shot acquire (no wait: ``try_lock(0)``, ``acquire(blocking=False)``) found
-  the lock taken: ``kind``, ``owner``, ``wait``, ``client``. Sync locks, semaphores and
-  latches; the asyncio ``AsyncRLock`` family does not send it yet.
+  the lock taken: ``kind``, ``owner``, ``wait``, ``client``. Every kind, sync and asyncio.
 - ``leader_started``, ``leader_elected``, ``leader_revoked``: a ``Leader`` of this process began
   to campaign, won a term, lost or left it; ``group``, and ``term`` (elected, revoked) and
   ``reason`` (revoked: ``"stopped"``, ``"lost"``, ``"in doubt"``). ``label`` is the group's

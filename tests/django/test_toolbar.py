@@ -143,7 +143,7 @@ def test_locked_views_turned_away_are_one_busy_row_sync_or_async(client, toolbar
     assert sync.status_code == asynchronous.status_code == 423
     [row] = rows(sync.content.decode())
     assert row[0] == "toolbar-once:8" and row[3] == "busy" and row[2] == "RLock"
-    [arow] = rows(asynchronous.content.decode())  # an asyncio one-shot try: from lock_busy
+    [arow] = rows(asynchronous.content.decode())
     assert arow[0] == "toolbar-aonce:8" and arow[3] == "busy"
 
 

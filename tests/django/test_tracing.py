@@ -191,10 +191,10 @@ def test_a_locked_view_turned_away_is_one_busy_span_sync_or_async(client, export
     [async_busy] = children_of(spans, async_span, "lock.acquire")
     for span in (sync_busy, async_busy):
         assert span.attributes["lock.outcome"] == "busy"
-    assert sync_busy.attributes["lock.holder.pid"] == os.getpid()
+        assert span.attributes["lock.holder.pid"] == os.getpid()
     assert sync_busy.attributes["lock.label"] == "traced-locked:{n}"
     assert async_busy.attributes["lock.label"] == "traced-alocked:{n}"
-    assert 0 < async_busy.attributes["lock.holder.ttl_seconds"] <= 30
+    assert async_busy.attributes["lock.kind"] == "AsyncRLock"
 
 
 def test_uncontended_acquires_send_no_extra_command_and_no_acquire_span(client, exporter,

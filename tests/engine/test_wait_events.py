@@ -104,13 +104,17 @@ def test_asyncio_waits_are_reported_on_their_task(redis_server, seen):
 
         task = asyncio.create_task(holder())
         await held.wait()
+        assert await lock.try_lock() is False  # one-shot: refused
         assert await lock.try_lock(wait_time=5) is True
         await lock.unlock()
         await task
         await ar.aclose()
 
     asyncio.run(main())
-    got = [(e, d) for e, d, _ in named(seen, "we-async") if e.startswith("wait_")]
-    assert [e for e, _ in got] == ["wait_started", "wait_ended"]
+    got = [(e, d) for e, d, _ in named(seen, "we-async")
+           if e.startswith("wait_") or e == "refused"]
+    assert [e for e, _ in got] == ["refused", "wait_started", "wait_ended"]
+    assert got[0][1]["kind"] == "AsyncRLock" and got[0][1]["client"] is not None
+    got = got[1:]
     assert got[1][1]["outcome"] == "acquired" and got[1][1]["wait"] >= 0.15
     assert got[1][1]["kind"] == "AsyncRLock"
