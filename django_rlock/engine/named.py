@@ -138,7 +138,9 @@ class Named(SlotBound):
         return bool(r)
 
     # -- waiting ---------------------------------------------------------------------------
-    def _wait(self, since: float) -> waiting.Wait:
+    def _wait(self, since: float | None = None) -> waiting.Wait:
+        """This kind's wait; ``since``: when the call began (its events report the wait from
+        there; None: reported as 0)."""
         self._fresh()  # on a cluster, an attempt redirected: subscribe where the slot is now
         return waiting.Wait(self._sync_client, self._channel, self.key, wakes=self._WAKES,
                             recheck=self._RECHECK, moved=self._moved_check(), name=self.name,
