@@ -118,3 +118,19 @@ def test_asyncio_waits_are_reported_on_their_task(redis_server, seen):
     got = got[1:]
     assert got[1][1]["outcome"] == "acquired" and got[1][1]["wait"] >= 0.15
     assert got[1][1]["kind"] == "AsyncRLock"
+
+
+def test_a_rate_limiter_wait_is_reported_from_its_call(r, seen):
+    from django_rlock.engine import RateLimiter
+
+    rl = RateLimiter(r, "we-rate")
+    rl.set_rate(1, 0.3)
+    rl.acquire()
+    t0 = time.monotonic()
+    rl.acquire()  # waits for the next permit, ~0.3 s
+    measured = time.monotonic() - t0
+    got = [(e, d) for e, d, _ in named(seen, "we-rate") if e.startswith("wait_")]
+    assert [e for e, _ in got] == ["wait_started", "wait_ended"]
+    ended = got[1][1]
+    assert ended["kind"] == "RateLimiter" and ended["outcome"] == "acquired"
+    assert 0.2 <= ended["wait"] <= measured
