@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import sys
 
 from django.apps import AppConfig
 from django.core import checks
@@ -60,6 +61,10 @@ def _install_tracing() -> None:
     except ImproperlyConfigured:
         return
     if wanted is False or importlib.util.find_spec("opentelemetry") is None:
+        return
+    if wanted is None and "opentelemetry.trace" not in sys.modules:
+        # Nobody can have set a tracer provider without importing it: leave OpenTelemetry
+        # unimported (its import made a process holding 100,000 locks lose renewals).
         return
     try:
         from . import tracing
