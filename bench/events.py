@@ -15,7 +15,12 @@ Two measurements, because they answer different questions:
   tenth of a microsecond.
 
 Variants: no listener; the Django signal bridge with no receiver (what every Django project
-has); the Prometheus exporter alone (no Django); and both (Django with RLOCK["PROMETHEUS"]).
+has); the Prometheus exporter alone (no Django; with its live gauges); and both (Django with
+RLOCK["PROMETHEUS"]). With opentelemetry-api / django-debug-toolbar installed, also: the tracing
+listener with no tracer provider set (RLOCK["OTEL"] = True before one is), the tracing listener
+with an SDK provider and no exporter (two spans' worth of work per pair: the hold span), and the
+toolbar's listener outside an instrumented request (every lock of a process where the panel
+was once enabled), each beside the signal bridge as in a Django project.
 """
 
 from __future__ import annotations
@@ -79,6 +84,32 @@ def interleaved_p50_us(steps: dict[str, Callable[[], object]],
     return out
 
 
+def optional_listeners(forward: Callable[..., object]) -> dict[str, tuple[Callable[..., object], ...]]:
+    """The tracing and toolbar listeners, when their packages are installed."""
+    out: dict[str, tuple[Callable[..., object], ...]] = {}
+    try:
+        from opentelemetry.sdk.trace import TracerProvider
+
+        from django_rlock import tracing
+    except ImportError:
+        pass
+    else:
+        out["bridge + tracing, no provider"] = (forward, tracing.LockTracer())
+        out["bridge + tracing, SDK provider"] = (forward, tracing.LockTracer(TracerProvider()))
+    try:
+        import debug_toolbar  # noqa: F401
+    except ImportError:
+        return out
+    from django.conf import settings
+
+    if not settings.configured:
+        settings.configure()
+    from django_rlock import toolbar
+
+    out["bridge + toolbar, no request"] = (forward, toolbar.listen)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=1.5)
@@ -94,6 +125,7 @@ def main() -> None:
     listeners: dict[str, tuple[Callable[..., object], ...]] = {
         "no listener": (), "signal bridge, no receiver": (forward,),
         "prometheus": (exporter,), "signal bridge + prometheus": (forward, exporter)}
+    listeners.update(optional_listeners(forward))
 
     with RedisServer() as server:
         client = server.client()

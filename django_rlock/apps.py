@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import sys
 
 from django.apps import AppConfig
 from django.core import checks
@@ -28,6 +29,7 @@ class RLockConfig(AppConfig):
         events.add_listener(forward)
         _load_celery_glue()
         _install_metrics()
+        _install_tracing()
         apply_wake_lines()
         apply_async_pool()
 
@@ -47,6 +49,32 @@ def _install_metrics() -> None:
         from . import prometheus
 
         prometheus.install()
+
+
+def _install_tracing() -> None:
+    """``RLOCK["OTEL"]``: None traces lock waits and holds when opentelemetry-api is installed
+    and a tracer provider is already set; True whenever it is installed; False never."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    from .conf import get_config
+
+    try:
+        wanted = get_config()["OTEL"]
+    except ImproperlyConfigured:
+        return
+    if wanted is False or importlib.util.find_spec("opentelemetry") is None:
+        return
+    if wanted is None and "opentelemetry.trace" not in sys.modules:
+        # Nobody can have set a tracer provider without importing it: leave OpenTelemetry
+        # unimported (its import made a process holding 100,000 locks lose renewals).
+        return
+    try:
+        from . import tracing
+    except ImportError as exc:  # a broken install: say so, never stop Django
+        logger.warning("django-rlock: OpenTelemetry tracing not loaded: %s", exc)
+        return
+    if wanted or tracing.provider_set():
+        tracing.install()
 
 
 def _load_celery_glue() -> None:

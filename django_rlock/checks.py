@@ -35,6 +35,12 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
             "RLOCK['PROMETHEUS'] is True but prometheus_client is not installed",
             hint="pip install 'django-rlock[prometheus]', or set RLOCK['PROMETHEUS'] = False.",
             id="django_rlock.E005"))
+    if config["OTEL"] is True and importlib.util.find_spec("opentelemetry") is None:
+        messages.append(Error(
+            "RLOCK['OTEL'] is True but opentelemetry-api is not installed",
+            hint="pip install 'django-rlock[otel]', or set RLOCK['OTEL'] = None (trace when "
+                 "installed and a tracer provider is set) or False.",
+            id="django_rlock.E011"))
     alias = config["CACHE"]
     if config["REDIS_URL"] is None and isinstance(alias, str):
         messages.extend(check_cache(alias))

@@ -36,6 +36,7 @@ class Config(TypedDict):
     BUSY_JSON: bool
     UNAVAILABLE_STATUS: int | str
     UNAVAILABLE_RETRY_AFTER: float
+    OTEL: bool | None
 
 
 DEFAULTS: Config = {
@@ -65,6 +66,10 @@ DEFAULTS: Config = {
     # release in another process hands them the lock directly; 0: none (grants go through the
     # process's shared subscription).
     "WAKE_LINES": 32,
+    # OpenTelemetry spans of lock waits and holds (pip install django-rlock[otel]): None traces
+    # when a tracer provider is set as Django starts, True always (spans once one is set),
+    # False never.
+    "OTEL": None,
     # Seconds after which the watchdog stops renewing any hold of a lock made from these
     # settings (it expires then, and its holder is told it is lost); None: never.
     "MAX_HOLD": None,
@@ -169,6 +174,8 @@ def validate(config: Mapping[str, Any]) -> list[str]:
     lines = config["WAKE_LINES"]
     if isinstance(lines, bool) or not isinstance(lines, int) or lines < 0:
         problems.append(f"RLOCK['WAKE_LINES'] must be an int >= 0, got {lines!r}")
+    if config["OTEL"] not in (None, True, False):
+        problems.append(f"RLOCK['OTEL'] must be None, True or False, got {config['OTEL']!r}")
     for key in ("MAX_HOLD", "WARN_HELD_AFTER"):
         v = config[key]  # type: ignore[literal-required]
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))

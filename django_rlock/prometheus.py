@@ -8,18 +8,24 @@ Every metric is labelled by ``lock`` = the event's label: the ``@locked`` templa
 stays bounded however many locks there are. Locks without a label count as ``"unlabelled"``.
 Leader elections (``Leader``, ``get_leader``) are labelled by ``group``:
 ``django_rlock_leader{group}`` is 1 while this process leads it and 0 while it stands by, and
-``django_rlock_leader_terms_total{group}`` counts the terms it won.
+``django_rlock_leader_terms_total{group}`` counts the terms it won. Live gauges:
+``django_rlock_held{lock}`` (holds this process has now) and ``django_rlock_waiting{lock}``
+(acquires of this process waiting now), counted from events; under gunicorn, prometheus_client's
+multiprocess mode adds the live workers' values (``livesum``, docs/django.md).
 Built on ``engine.events``: no Django needed, and nothing on the hot path when not installed.
 """
 
 from __future__ import annotations
 
+import heapq
 import threading
+import time
 import weakref
 from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from .engine import events
 from .engine.watchdog import watchdog
@@ -37,6 +43,8 @@ class LockMetrics:
     """The metrics of one registry, and the event listener that feeds them."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
+        registry.register(_Sweeper(self))  # first: collected before the gauge it brings up to date
+
         def counter(name: str, doc: str) -> Counter:
             return Counter(f"django_rlock_{name}", doc, ["lock"], registry=registry)
 
@@ -56,6 +64,21 @@ class LockMetrics:
                             ["group"], registry=registry)
         self.terms = Counter("django_rlock_leader_terms", "Terms of the group this process won.",
                              ["group"], registry=registry)
+        # Live gauges: counted up and down from events (no scan, no Redis command). livesum:
+        # under prometheus_client's multiprocess mode the live processes' values are added.
+        self.holding = Gauge("django_rlock_held", "Holds this process has now (reentry: one).",
+                             ["lock"], registry=registry, multiprocess_mode="livesum")
+        self.waiting = Gauge("django_rlock_waiting", "Acquires of this process waiting now.",
+                             ["lock"], registry=registry, multiprocess_mode="livesum")
+        #: label -> (holding, waiting) gauge children, cached like ``_hot``.
+        self._live: dict[str, tuple[Any, Any]] = {}
+        #: The holds counted in ``holding``: (key, owner) -> (label, lease end or None), and a
+        #: heap of lease ends. A hold is counted once however often ``acquired`` says so, and
+        #: a lease-mode hold that runs out unreleased (no event says so) is uncounted at the
+        #: next event or scrape after its lease end.
+        self._holds: dict[tuple[str, str], tuple[str, float | None]] = {}
+        self._leases: list[tuple[float, tuple[str, str]]] = []
+        self._holds_lock = threading.Lock()
         registry.register(OldestHold())
         #: label -> (acquisitions, wait, held) children: ``.labels()`` costs more than the
         #: increment itself, and these run on every acquire and release. Bounded like labels.
@@ -68,17 +91,64 @@ class LockMetrics:
                                       self.held.labels(label))
         return hot
 
+    def _gauges(self, label: str) -> tuple[Any, Any]:
+        live = self._live.get(label)
+        if live is None:
+            live = self._live[label] = (self.holding.labels(label), self.waiting.labels(label))
+        return live
+
+    def _hold(self, label: str, k: tuple[str, str], lease: float | None) -> None:
+        until = None if lease is None else time.monotonic() + lease
+        with self._holds_lock:
+            if self._leases:
+                self._sweep(time.monotonic())
+            counted = k in self._holds
+            self._holds[k] = (label, until)
+            if until is not None:
+                heapq.heappush(self._leases, (until, k))
+        if not counted:
+            self._gauges(label)[0].inc()
+
+    def _unhold(self, k: tuple[str, str]) -> None:
+        with self._holds_lock:
+            if self._leases:
+                self._sweep(time.monotonic())
+            gone = self._holds.pop(k, None)
+        if gone is not None:
+            self._gauges(gone[0])[0].dec()
+
+    def _sweep(self, now: float) -> None:
+        """Uncount lease holds past their lease end (called holding ``_holds_lock``)."""
+        leases = self._leases
+        while leases and leases[0][0] <= now:
+            until, k = heapq.heappop(leases)
+            entry = self._holds.get(k)
+            if entry is not None and entry[1] == until:
+                del self._holds[k]
+                self._gauges(entry[0])[0].dec()
+
+    def sweep(self) -> None:
+        with self._holds_lock:
+            self._sweep(time.monotonic())
+
     def __call__(self, event: str, data: dict[str, Any]) -> None:
         label = data.get("label") or UNLABELLED
         if event == "acquired":
             acquisitions, wait, _ = self._children(label)
             acquisitions.inc()
             wait.observe(data["wait"])
+            self._hold(label, (data["key"], data["owner"]), data.get("lease"))
         elif event == "released":
             self._children(label)[2].observe(data["held"])
+            self._unhold((data["key"], data["owner"]))
             if data.get("reason") == "owner ended":
                 self.owner_ended.labels(label).inc()
+        elif event == "wait_started":
+            self._gauges(label)[1].inc()
+        elif event == "wait_ended":
+            self._gauges(label)[1].dec()
         elif event == "lost":
+            self._unhold((data["key"], data["owner"]))
             self.lost.labels(label).inc()
         elif event == "held_long":
             self.held_long.labels(label).inc()
@@ -93,6 +163,20 @@ class LockMetrics:
             self.leader.labels(data["group"]).set(0)
 
 
+class _Sweeper(Collector):
+    """Collects nothing: brings ``django_rlock_held`` up to date before a scrape reads it."""
+
+    def __init__(self, metrics: LockMetrics) -> None:
+        self._metrics = weakref.ref(metrics)
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> list[Any]:
+        metrics = self._metrics()
+        if metrics is not None:
+            metrics.sweep()
+        return []
 class OldestHold:
     """``django_rlock_oldest_hold_seconds{lock}``: how long the oldest hold of this process
     has been held, per label, read from the watchdog's registry at scrape time (nothing on

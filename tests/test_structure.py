@@ -69,6 +69,8 @@ PROMISED: dict[str, tuple[str, ...]] = {
     "django_rlock.signals": ("lock_lost", "force_unlocked_by"),
     "django_rlock.transaction": ("hold_until_commit",),
     "django_rlock.prometheus": ("install",),
+    "django_rlock.tracing": ("install", "uninstall", "LockTracer"),
+    "django_rlock.toolbar": ("LocksPanel",),
     "django_rlock.fencing": ("fenced_update", "afenced_update"),
     "django_rlock.beat": ("LeaderScheduler", "beat_config"),
     "django_rlock.engine.ticks": ("TickProgress",),

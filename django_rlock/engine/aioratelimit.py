@@ -85,6 +85,7 @@ class AsyncRateLimiter(RateLimiterBase):
         return box[0]
 
     async def _take(self, n: int, budget: float | None) -> Grant:
+        t0 = time.monotonic()
         token = "" if budget == 0 else grant_id()
         g = await self._send(n, token, budget)
         if g.granted or g.code != REFUSED or not token:
@@ -97,7 +98,7 @@ class AsyncRateLimiter(RateLimiterBase):
             return None if r.granted else self._park_ms(r, deadline)
 
         try:
-            await waiting.await_(self._wait(), attempt, self._left(deadline),
+            await waiting.await_(self._wait(t0), attempt, self._left(deadline),
                                  park_until=time.monotonic() + min(g.retry_after + 0.001, self._RECHECK))
         finally:
             if not last[0].granted and last[0].code == REFUSED:

@@ -430,10 +430,12 @@ class LockBase(releasing.Releasing, SlotBound):
                  registered: bool = False, line: Any = None) -> waiting.Wait:
         """This lock's wait: its channel, and what a hand-off to the waiter needs."""
         self._fresh()  # on a cluster, an attempt redirected: subscribe where the slot is now
+        told: dict[str, Any] = {"name": self.name, "label": self.label, "kind": type(self).__name__,
+                "owner": k[2], "since": t0}  # what the wait's events report
         if not self._HANDOFF:
             return waiting.Wait(self._sync_client, self._wait_channel(k[2]), self.key,
                                 wakes=self._WAKES, recheck=self._RECHECK,
-                                moved=self._moved_check())
+                                moved=self._moved_check(), **told)
         handoff = waiting.HandOff(k[2], self._watchdog_ms if lease_ms is None else lease_ms,
                                   self._grant_callback(k, lease_ms, t0), self._info(k[2]),
                                   grant=self._grant_channel,
@@ -441,7 +443,7 @@ class LockBase(releasing.Releasing, SlotBound):
                                   registered=registered, grant_ms=self._grant_ms(lease_ms),
                                   line=line)
         return waiting.Wait(self._sync_client, self._channel, self.key,
-                            moved=self._moved_check(), handoff=handoff)
+                            moved=self._moved_check(), handoff=handoff, **told)
 
     def _holds_now(self) -> list[Any]:
         return watchdog().holds_of(self._server, self.key)

@@ -20,6 +20,16 @@ labels, where the name is not), plus:
   exception), ``first`` (the first call of an outage; the outage ends at the next call that
   reaches the server): a decorated call turned away because Redis did not answer. ``key`` is
   None.
+- ``wait_started``: an acquire's first attempt found the lock taken and the caller waits (the
+  shared wait loop, every kind): ``kind`` (the lock's class name), ``owner`` (``""`` for
+  semaphores and latches). Sent on the waiting thread (or task).
+- ``wait_ended``: that wait is over, on the same thread (or task): ``kind``, ``owner``,
+  ``outcome`` (``"acquired"``, ``"timeout"``: its budget ran out, ``"error"``: it raised or was
+  cancelled), ``wait`` (seconds from the call), ``handed_over`` (the lock was granted to it by a
+  release rather than taken by its own attempt), ``client`` (the sync client, to read who holds
+  the lock; None when acquired). Each ``wait_started`` has exactly one ``wait_ended``.
+- ``refused``: a one-shot acquire (no wait: ``try_lock(0)``, ``acquire(blocking=False)``) found
+  the lock taken: ``kind``, ``owner``, ``wait``, ``client``. Every kind, sync and asyncio.
 - ``leader_started``, ``leader_elected``, ``leader_revoked``: a ``Leader`` of this process began
   to campaign, won a term, lost or left it; ``group``, and ``term`` (elected, revoked) and
   ``reason`` (revoked: ``"stopped"``, ``"lost"``, ``"in doubt"``). ``label`` is the group's
@@ -39,7 +49,8 @@ from typing import Any
 logger = logging.getLogger("django_rlock")
 
 EVENTS = ("acquired", "released", "lost", "busy", "force_unlocked", "held_long", "leader_started",
-          "leader_elected", "leader_revoked", "backend_unavailable")
+          "leader_elected", "leader_revoked", "backend_unavailable", "wait_started",
+          "wait_ended", "refused")
 
 Listener = Callable[[str, dict[str, Any]], Any]
 

@@ -184,6 +184,8 @@ class RLock(LockBase):
             if ttl is None:
                 return True
             if wait == 0:
+                waiting.refused(self._sync_client, self.name, self.key, self.label,
+                                type(self).__name__, k[2], t0)
                 return False
             registered = token is not None
             if token is None and self._HANDOFF:

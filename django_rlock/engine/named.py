@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -137,10 +138,13 @@ class Named(SlotBound):
         return bool(r)
 
     # -- waiting ---------------------------------------------------------------------------
-    def _wait(self) -> waiting.Wait:
+    def _wait(self, since: float | None = None) -> waiting.Wait:
+        """This kind's wait; ``since``: when the call began (its events report the wait from
+        there; None: reported as 0)."""
         self._fresh()  # on a cluster, an attempt redirected: subscribe where the slot is now
         return waiting.Wait(self._sync_client, self._channel, self.key, wakes=self._WAKES,
-                            recheck=self._RECHECK, moved=self._moved_check())
+                            recheck=self._RECHECK, moved=self._moved_check(), name=self.name,
+                            kind=type(self).__name__, since=since)
 
     def _bound(self, ttl: int) -> int:
         """A wait bound in ms from Redis, capped so a lost message costs ``RECHECK`` at most."""
@@ -149,23 +153,29 @@ class Named(SlotBound):
 
     def _waits(self, attempt: Callable[[], int | None], budget: float | None) -> bool:
         """One attempt, then the shared wait loop for what is left of ``budget``."""
+        t0 = time.monotonic()
         if attempt() is None:
             return True
         if budget == 0:
+            waiting.refused(self._sync_client, self.name, self.key, None, type(self).__name__,
+                            "", t0)
             return False
-        return waiting.wait(self._wait(), lambda claim: attempt(), budget)
+        return waiting.wait(self._wait(t0), lambda claim: attempt(), budget)
 
     async def _awaits(self, attempt: Callable[[], Awaitable[int | None]],
                       budget: float | None) -> bool:
+        t0 = time.monotonic()
         if await attempt() is None:
             return True
         if budget == 0:
+            waiting.refused(self._sync_client, self.name, self.key, None, type(self).__name__,
+                            "", t0)
             return False
 
         async def again(claim: bool) -> int | None:
             return await attempt()
 
-        return await waiting.await_(self._wait(), again, budget)
+        return await waiting.await_(self._wait(t0), again, budget)
 
 
 async def uncancellable(send: Callable[[], Awaitable[int | None]],

@@ -308,6 +308,7 @@ class RateLimiter(RateLimiterBase):
                                      self._attempt_args(n, token, budget)), n)
 
     def _take(self, n: int, budget: float | None) -> Grant:
+        t0 = time.monotonic()
         token = "" if budget == 0 else grant_id()
         g = self._send(n, token, budget)
         if g.granted or g.code != REFUSED or not token:
@@ -320,7 +321,7 @@ class RateLimiter(RateLimiterBase):
             return None if r.granted else self._park_ms(r, deadline)
 
         try:
-            waiting.wait(self._wait(), attempt, self._left(deadline),
+            waiting.wait(self._wait(t0), attempt, self._left(deadline),
                          park_until=time.monotonic() + min(g.retry_after + 0.001, self._RECHECK))
         finally:
             if not last[0].granted and last[0].code == REFUSED:

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .. import events
 from ..scripts import CLAIMED
 from . import settings
 from .channel import WakePolicy
@@ -25,7 +26,7 @@ from .manager import PubSubManager, manager
 from .slot import Slot
 from .waiter import HandOff
 
-__all__ = ["HandOff", "Wait", "await_", "park_timeout", "wait"]
+__all__ = ["HandOff", "Wait", "await_", "park_timeout", "refused", "wait"]
 
 
 def park_timeout(ttl: int, deadline: float | None, recheck: float | None = None) -> float | None:
@@ -57,7 +58,8 @@ class Wait:
     used), the channel and key, how a message wakes (``wakes``) and how often a wait with no
     bound re-checks (``recheck``), whether the lock's slot moved since (``moved``, on a
     cluster: ``SlotBound``), and, for kinds with a hand-off, what a release needs to hand the
-    lock over (``handoff``)."""
+    lock over (``handoff``). ``name``, ``label``, ``kind``, ``owner`` and ``since`` (monotonic
+    time of the call) are what the ``wait_started`` / ``wait_ended`` events report."""
 
     client: Any
     channel: bytes
@@ -66,10 +68,38 @@ class Wait:
     recheck: float | None = None
     moved: Callable[[], bool] | None = None
     handoff: HandOff | None = None
+    name: str = ""
+    label: str | None = None
+    kind: str = ""
+    owner: str = ""
+    since: float | None = None
 
     def enter(self, mgr: PubSubManager, loop: asyncio.AbstractEventLoop | None = None) -> Slot:
         return mgr.enter(self.channel, self.key, wakes=self.wakes, handoff=self.handoff,
                          loop=loop)
+
+
+def _started(w: Wait) -> None:
+    events.emit("wait_started", name=w.name, key=w.key, label=w.label, kind=w.kind,
+                owner=w.owner)
+
+
+def _ended(w: Wait, acquired: bool, ended: bool, handed_over: bool) -> None:
+    """``wait_ended``, on the waiter's thread (or task) as its wait returns or raises."""
+    since = w.since
+    now = time.monotonic()
+    events.emit("wait_ended", name=w.name, key=w.key, label=w.label, kind=w.kind,
+                owner=w.owner, outcome="acquired" if acquired else "timeout" if ended else "error",
+                wait=0.0 if since is None else now - since, handed_over=acquired and handed_over,
+                client=None if acquired else w.client)
+
+
+def refused(client: Any, name: str, key: str, label: str | None, kind: str, owner: str,
+            since: float) -> None:
+    """A one-shot acquire (no wait) found the lock taken: the ``refused`` event."""
+    if events.listeners:
+        events.emit("refused", name=name, key=key, label=label, kind=kind, owner=owner,
+                    wait=time.monotonic() - since, client=client)
 
 
 def _over(deadline: float | None) -> bool:
@@ -93,7 +123,9 @@ def wait(w: Wait, attempt: Callable[[bool], int | None], budget: float | None,
     if budget is not None:
         sub_timeout = min(sub_timeout, budget)
     slot = w.enter(manager(w.client))
-    acquired = False
+    acquired = ended = False
+    if events.listeners:
+        _started(w)
     try:
         if not slot.confirmed.is_set():
             # If the subscription cannot be confirmed in time the waits below are still
@@ -122,13 +154,17 @@ def wait(w: Wait, attempt: Callable[[bool], int | None], budget: float | None,
                 else:
                     acquired = slot.park(_park_for(w, ttl, deadline))
             if not acquired or verify is None or not slot.granted or verify():
+                ended = True
                 return acquired
             slot.ungrant()
             acquired = False
             if _over(deadline):
+                ended = True
                 return False
     finally:
         granted = slot.leave()
+        if events.listeners:
+            _ended(w, acquired, ended, granted)
         if not acquired:
             try:
                 if granted and give_back is not None:
@@ -153,7 +189,9 @@ async def await_(w: Wait, attempt: Callable[[bool], Awaitable[int | None]],
     mgr = manager(w.client)
     loop = asyncio.get_running_loop()
     slot = w.enter(mgr, loop)
-    acquired = False
+    acquired = ended = False
+    if events.listeners:
+        _started(w)
     try:
         confirmed = mgr.confirmation(slot, loop)
         if confirmed is not None:
@@ -184,13 +222,17 @@ async def await_(w: Wait, attempt: Callable[[bool], Awaitable[int | None]],
                 else:
                     acquired = await slot.apark(_park_for(w, ttl, deadline))
             if not acquired or verify is None or not slot.granted or await verify():
+                ended = True
                 return acquired
             slot.ungrant()
             acquired = False
             if _over(deadline):
+                ended = True
                 return False
     finally:
         granted = await slot.aleave()
+        if events.listeners:
+            _ended(w, acquired, ended, granted)
         if not acquired:
             # Handed the lock just as we gave up (budget spent, cancelled): give it back
             # ourselves, now, as its owner (invariant 7); or take our place in line back
