@@ -149,19 +149,29 @@ def test_a_task_that_ends_holding_is_released_and_passes_nothing_on(redis_server
             await lock.lock()  # and the task ends without unlocking
 
         await asyncio.create_task(request(), name="doomed-task")
+        dead = set(await ar.hkeys("dead-task"))  # the ended task's field, unless released yet
 
         async def successor():
-            return (await lock.hold_count(), await lock.is_held_by_current_task(),
-                    await lock.try_lock())
+            before = (await lock.hold_count(), await lock.is_held_by_current_task())
+            got = await lock.try_lock()
+            fields = await ar.hgetall("dead-task")
+            if got:
+                await lock.unlock()
+            return before, got, fields
 
         seen = await asyncio.create_task(successor())
         await asyncio.sleep(0.3)
         gone = not await lock.is_locked()
         await ar.aclose()
-        return seen, gone
+        return dead, seen, gone
 
-    seen, gone = asyncio.run(main())
-    assert seen == (0, False, False)
+    dead, (before, got, fields), gone = asyncio.run(main())
+    assert before == (0, False)  # a new task is a new owner: nothing was passed on
+    if got:
+        # The ended task's hold was released first; the successor's is a new hold of its own.
+        assert len(fields) == 1 and not set(fields) & dead and list(fields.values()) == [b"1"]
+    else:
+        assert set(fields) == dead  # still the ended task's, until its release lands
     assert gone  # released at once, well before its 3 s lease
     assert any("dead-task" in rec.getMessage() and "finished without unlocking" in rec.getMessage()
                for rec in caplog.records)
