@@ -48,10 +48,19 @@ def test_no_silent_overlap_lost_update_or_stale_write(tmp_path, seed):
 
 def test_a_broken_lock_fails(tmp_path):
     """SET NX PX + DEL (no owner check, no renewal, never told it lost anything) in place of
-    the RLock: frozen holders' leases run out and their DEL frees someone else's lock."""
-    report = run(tmp_path, 11, 10, broken="naive", lock_kinds=("rlock",),
-                 kinds=("stop_long", "stop_short", "kill", "stop_long"))
-    s = report.summary
-    assert s["acquisitions_by_kind"]["rlock"] >= 100
-    assert s["overlaps"]["silent"] > 0, shown(report)
-    assert not report.ok()
+    the RLock: frozen holders' leases run out and their DEL frees someone else's lock.
+
+    Whether a frozen holder's DEL lands inside another's section is timing; on a loaded
+    machine one 10 s run can miss it. The broken lock must be caught by one of three seeds
+    (the next only runs when the one before caught nothing)."""
+    reports = []
+    for seed in (11, 12, 13):
+        (tmp_path / str(seed)).mkdir()
+        report = run(tmp_path / str(seed), seed, 10, broken="naive", lock_kinds=("rlock",),
+                     kinds=("stop_long", "stop_short", "kill", "stop_long"))
+        reports.append(report)
+        assert report.summary["acquisitions_by_kind"]["rlock"] >= 100
+        if report.summary["overlaps"]["silent"] > 0:
+            assert not report.ok()
+            return
+    pytest.fail("no seed caught the broken lock:\n" + "\n".join(shown(r) for r in reports))
