@@ -107,9 +107,11 @@ def children_of(spans: Any, parent: Any, name: str) -> list[Any]:
             and s.context.trace_id == parent.context.trace_id]
 
 
-def test_contended_acquisitions_give_acquire_spans_with_their_measured_wait(client, exporter,
-                                                                          holders):
-    memory, provider = exporter
+def _contended_run(client: Any, memory: InMemorySpanExporter, provider: TracerProvider,
+                   holders: Any) -> tuple[list[Any], list[Any], Any, list[float]]:
+    """One run of the contended view under a request span: its spans, acquire spans, the
+    request span and the gaps (measured wait minus the span's wait attribute), sorted."""
+    memory.clear()
     state["holder"] = holders()
     state["waiting"] = waiting = threading.Event()
 
@@ -142,11 +144,23 @@ def test_contended_acquisitions_give_acquire_spans_with_their_measured_wait(clie
     gaps.sort()
     print(f"wait gaps: median {gaps[ROUNDS // 2] * 1e3:.3f} ms, worst {gaps[-1] * 1e3:.3f} ms, "
           f"over 5 ms: {sum(g >= 0.005 for g in gaps)}")
-    # Within 5 ms: every one on a machine that is not overloaded; a thread descheduled between
-    # the wait's end and the call's return (load above the core count) may miss it, so at most
-    # 2% may, and the median gap stays well under a millisecond.
-    assert sum(g >= 0.005 for g in gaps) <= ROUNDS // 50, gaps[-10:]
-    assert gaps[ROUNDS // 2] < 0.001, gaps[ROUNDS // 2]
+    return spans, acquires, request_span, gaps
+
+
+def test_contended_acquisitions_give_acquire_spans_with_their_measured_wait(client, exporter,
+                                                                          holders):
+    memory, provider = exporter
+    # Every one of the 200 within 5 ms of the wait the view measured around its call. A thread
+    # descheduled between the wait's end and the call's return (load above the core count) can
+    # miss it once in a run without the attribute being wrong, so a run with a miss is run
+    # again, at most three times in all; a wrong attribute (a part of the wait left out) misses
+    # in every run.
+    for _ in range(3):
+        spans, acquires, request_span, gaps = _contended_run(client, memory, provider, holders)
+        assert gaps[ROUNDS // 2] < 0.001, gaps[ROUNDS // 2]
+        if gaps[-1] < 0.005:
+            break
+    assert gaps[-1] < 0.005, gaps[-10:]
     # Handed over by the holder's release, but the first: a lock not yet seen held is waited
     # for unregistered (woken by the release, it takes the lock by its own attempt).
     handed = [s.attributes["lock.handed_over"] for s in acquires]
