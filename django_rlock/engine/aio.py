@@ -28,7 +28,10 @@ from .naming import UNLOCK_MESSAGE
 from .scripts import (
     RELEASE_SCRIPT,
     RENEW_SCRIPT,
+    Cut,
     acall_once,
+    ashielded,
+    shielded_task,
 )
 from .wait import loop as waiting
 from .watchdog import server_id, watchdog
@@ -137,13 +140,17 @@ class AsyncRLock(LockBase):
             keys = self._wait_keys
         target = await self._target()
         sent = time.monotonic()
-        fut = asyncio.ensure_future(self._send_acquire(k, args, *target, keys))
         try:
+            if target[1] is None:  # one script, sent from this task (``ashielded``)
+                ttl = self._ttl_of(await ashielded(self._client, self._ACQUIRE, keys, args))
+            else:  # acquire, WAIT and maybe the undo: one unit in a task of its own
+                ttl = await shielded_task(self._send_acquire(k, args, *target, keys))
+        except Cut as cut:
             # Cancelling the caller must not cancel a round trip Redis may already have run.
-            ttl = await asyncio.shield(fut)
-        except asyncio.CancelledError:
-            await self._undo_cancelled(fut, k[2])
-            raise
+            rest = cut.rest if target[1] is not None else asyncio.ensure_future(
+                self._ttl_later(cut.rest))
+            await self._undo_cancelled(rest, k[2])
+            raise cut.cancel from None
         if ttl is None:
             hold = self._acquired(k, lease_ms, t0, since=sent)
             if time.monotonic() - sent > hold.lease_ms / 2000.0 and not await self._verified(
@@ -151,6 +158,9 @@ class AsyncRLock(LockBase):
                 return 0  # its reply came after half its lease: not ours any more, try again
             return None
         return int(ttl)
+
+    async def _ttl_later(self, reply: asyncio.Future[Any]) -> int | None:
+        return self._ttl_of(await reply)
 
     async def _target(self) -> tuple[int, tuple[int, int] | None]:
         if self.sync_replicas is None:
@@ -311,12 +321,22 @@ class AsyncRLock(LockBase):
         target = await self._target()
         plan = self._release_plan((self._server, self.key, self._field()))
         plan.sent = time.monotonic()
-        fut = asyncio.ensure_future(self._send_release(plan.args, *target))
         try:
-            r = await asyncio.shield(fut)
-        except asyncio.CancelledError:
+            if target[1] is None:  # one script, sent from this task (``ashielded``)
+                r = await ashielded(self._client, self._RELEASE, self._release_keys, plan.args)
+            else:
+                r = await shielded_task(self._send_release(plan.args, *target))
+        except Cut as cut:
             # The release goes on; book its outcome when it lands (hand-off, renewal, echo).
+            cut.rest.add_done_callback(lambda f: self._book(plan, f))
+            raise cut.cancel from None
+        except asyncio.CancelledError:
+            # Cancelled before anything was written: send it anyway, as a shielded release
+            # would have been (invariant 8), and book it when it lands.
+            fut = asyncio.ensure_future(self._send_release(plan.args, *target))
             fut.add_done_callback(lambda f: self._book(plan, f))
+            _background.add(fut)
+            fut.add_done_callback(_background.discard)
             raise
         except BaseException as exc:
             if isinstance(exc, (RedisConnectionError, RedisTimeoutError)):
