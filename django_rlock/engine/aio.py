@@ -19,7 +19,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import events, identity, leases, replicas
-from .aiopool import reset_budget, set_budget
+from .aiopool import cancel_dropped, mark_cancels, reset_budget, reset_cancels, set_budget
 from .clients import SlotBound, async_twin, refresh, sync_twin
 from .errors import LockNotOwnedError
 from .kinds import Kind, declare
@@ -115,9 +115,12 @@ class AsyncRLock(LockBase):
         """Wait until acquired. ``lease_time`` in seconds; ``None``: watchdog mode."""
         lease_ms = self._lease_ms(lease_time)
         budget = set_budget(None)  # a full pool is waited for as long as the lock is
+        mark = mark_cancels()
         try:
             await self._acquire(None, lease_ms)
+            await self._not_cancelled()
         finally:
+            reset_cancels(mark)
             reset_budget(budget)
 
     async def try_lock(self, wait_time: float = 0.0, lease_time: float | None = None) -> bool:
@@ -126,13 +129,28 @@ class AsyncRLock(LockBase):
         lease_ms = self._lease_ms(lease_time)
         # A full pool is waited for within the budget (at least ``aiopool.POOL_TIMEOUT``).
         budget = set_budget(None if wait is None else time.monotonic() + wait)
+        mark = mark_cancels()
         try:
-            return await self._acquire(wait, lease_ms)
+            got = await self._acquire(wait, lease_ms)
+            if got:
+                await self._not_cancelled()
+            return got
         finally:
+            reset_cancels(mark)
             reset_budget(budget)
+
+    async def _not_cancelled(self) -> None:
+        """Acquired, though the task was cancelled meanwhile and redis-py dropped the
+        ``CancelledError`` (``aiopool.mark_cancels``): give the hold back and raise it, as a
+        cancellation that reached us would have."""
+        if cancel_dropped():
+            await self.unlock()
+            raise asyncio.CancelledError
 
     async def _attempt(self, k: HoldKey, lease_ms: int | None, t0: float, claim: bool = False,
                        reg: tuple[str, float | None] | None = None) -> int | None:
+        if cancel_dropped():  # lost in redis-py earlier in this acquire: nothing sent yet
+            raise asyncio.CancelledError
         args = self._acquire_args(k, lease_ms, claim)
         keys = self._acquire_keys
         if reg is not None:

@@ -52,6 +52,39 @@ def reset_budget(token: Token[float | None]) -> None:
     _budget.reset(token)
 
 
+#: ``Task.cancelling()`` when the acquire running in this context began (None: outside one).
+_cancels: ContextVar[int | None] = ContextVar("django_rlock_cancels", default=None)
+
+
+def mark_cancels() -> Token[int | None]:
+    """An acquire begins in this task: remember how many cancellations it had, so that one
+    that redis-py drops later can be told (``cancel_dropped``). Undo with ``reset_cancels``.
+
+    On Python 3.11, ``asyncio.wait_for`` returns normally when its task is cancelled just as
+    the awaited thing finishes; redis-py runs every command's write under it (connecting:
+    HELLO, CLIENT SETINFO, SELECT; the replica probe), so a cancellation landing there is
+    lost, and the task goes on acquiring (or waiting in line) as if it had not been
+    cancelled. The request stays counted in ``Task.cancelling()``."""
+    return _cancels.set(cancelling())
+
+
+def reset_cancels(token: Token[int | None]) -> None:
+    _cancels.reset(token)
+
+
+def cancelling() -> int:
+    """``Task.cancelling()`` of the running task (0 outside one)."""
+    task = asyncio.current_task()
+    return task.cancelling() if task is not None else 0
+
+
+def cancel_dropped(since: int | None = None) -> bool:
+    """The running task was cancelled after the acquire began (or after ``since``, a
+    ``cancelling()``) and no ``CancelledError`` reached our code: the caller raises one."""
+    base = _cancels.get() if since is None else since
+    return base is not None and cancelling() > base
+
+
 def connection_wait() -> float | None:
     """How long a checkout in this context may wait for a connection (None: without end)."""
     deadline = _budget.get()

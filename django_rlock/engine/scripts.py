@@ -24,7 +24,7 @@ from redis.exceptions import (
     TryAgainError,
 )
 
-from .aiopool import closed_while_idle, drained, kept, written
+from .aiopool import cancel_dropped, cancelling, closed_while_idle, drained, kept, written
 from .clients import (
     async_twin,
     cluster_of,
@@ -365,6 +365,7 @@ async def ashielded(client: Any, script: Script, keys: tuple[Any, ...],
     sent = script.on(client)
     pool = client.connection_pool
     home = kept(pool) or pool  # where the connection goes back: kept, or into the pool
+    cancels = cancelling()
     try:
         conn = await home.take(pool) if home is not pool else await pool.get_connection()
     except (ConnectionError, TimeoutError):
@@ -373,6 +374,8 @@ async def ashielded(client: Any, script: Script, keys: tuple[Any, ...],
         return await shielded_task(acall_once(client, script, keys, args))  # not sent
     try:
         await _aready(client, conn)
+        if cancel_dropped(cancels):
+            raise asyncio.CancelledError  # dropped by redis-py's connect (``mark_cancels``)
         ok = written(conn, conn.pack_command("EVALSHA", sent.sha, len(keys), *keys, *args))
     except _NotSent:  # a cluster node we could not connect to again: nothing was written
         await home.release(conn)

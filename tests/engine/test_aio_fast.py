@@ -180,3 +180,39 @@ def test_the_connection_kept_for_lock_scripts_is_the_pools_and_closes_with_it(re
         assert clients() == base
 
     asyncio.run(main())
+
+
+def test_a_cancellation_while_the_connection_is_made_is_never_lost(redis_server, r):
+    """The acquire connects in the calling task; redis-py's handshake write runs under
+    ``asyncio.wait_for``, which on Python 3.11 returns normally when the task is cancelled
+    just as the write ends. Cancelled at every step of the first acquire on a new client, the
+    task must end cancelled, holding nothing (it once went on as if never cancelled: a fair
+    lock's cancelled waiter stayed in line)."""
+    async def one(step: int) -> str:
+        client = redis.asyncio.Redis(unix_socket_path=redis_server.socket)
+        lock = AsyncRLock(client, f"cut:{step}", sync_client=r)
+        got: list[bool] = []
+
+        async def work() -> None:
+            await lock.lock()
+            got.append(True)
+            await asyncio.Event().wait()  # holds until cancelled
+
+        task = asyncio.create_task(work())
+        for _ in range(step):
+            await asyncio.sleep(0)
+        task.cancel()
+        done, _ = await asyncio.wait([task], timeout=5)
+        await asyncio.sleep(0.05)  # a give-back of an acquire cut mid-way lands
+        try:
+            if not done:
+                task.cancel()  # (the cancellation was lost: end it for the report)
+                return "lost"
+            assert task.cancelled()
+            return "held" if r.exists(f"cut:{step}") else "ok"
+        finally:
+            await client.aclose()
+
+    for step in range(40):
+        assert asyncio.run(one(step)) == "ok", f"cancelled after {step} loop steps"
+
