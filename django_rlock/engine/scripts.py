@@ -24,7 +24,15 @@ from redis.exceptions import (
     TryAgainError,
 )
 
-from .aiopool import cancel_dropped, cancelling, closed_while_idle, drained, kept, written
+from .aiopool import (
+    cancel_dropped,
+    cancelling,
+    closed_while_idle,
+    drained,
+    kept,
+    packed,
+    written,
+)
 from .clients import (
     async_twin,
     cluster_of,
@@ -376,7 +384,7 @@ async def ashielded(client: Any, script: Script, keys: tuple[Any, ...],
         await _aready(client, conn)
         if cancel_dropped(cancels):
             raise asyncio.CancelledError  # dropped by redis-py's connect (``mark_cancels``)
-        ok = written(conn, conn.pack_command("EVALSHA", sent.sha, len(keys), *keys, *args))
+        ok = written(conn, packed(conn, ("EVALSHA", sent.sha, len(keys), *keys, *args)))
     except _NotSent:  # a cluster node we could not connect to again: nothing was written
         await home.release(conn)
         return await shielded_task(acall_once(client, script, keys, args))

@@ -216,3 +216,20 @@ def test_a_cancellation_while_the_connection_is_made_is_never_lost(redis_server,
     for step in range(40):
         assert asyncio.run(one(step)) == "ok", f"cancelled after {step} loop steps"
 
+
+
+def test_a_script_is_packed_byte_for_byte_as_redis_py_packs_it():
+    """The hot path packs its own EVALSHA (``aiopool.packed``): the same bytes as redis-py's
+    ``pack_command`` for every argument type a caller can pass, in the client's encoding."""
+    from redis.asyncio.connection import Connection
+    from redis.exceptions import DataError
+
+    from django_rlock.engine.aiopool import packed
+
+    args = ("EVALSHA", "a" * 40, 3, "k", "{k}:é", b"\x00\xffraw", 30000, -1, 0, 2.5,
+            "x" * 10_000, "", memoryview(b"mv"))
+    for encoding in ("utf-8", "latin-1"):
+        conn = Connection(encoding=encoding)
+        assert b"".join(packed(conn, args)) == b"".join(conn.pack_command(*args))
+    with pytest.raises(DataError):
+        packed(Connection(), ("EVALSHA", True))
