@@ -19,7 +19,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import events, identity, leases, replicas
-from .aiopool import reset_budget, set_budget
+from .aiopool import cancel_dropped, mark_cancels, reset_budget, reset_cancels, set_budget
 from .clients import SlotBound, async_twin, refresh, sync_twin
 from .errors import LockNotOwnedError
 from .kinds import Kind, declare
@@ -28,7 +28,10 @@ from .naming import UNLOCK_MESSAGE
 from .scripts import (
     RELEASE_SCRIPT,
     RENEW_SCRIPT,
+    Cut,
     acall_once,
+    ashielded,
+    shielded_task,
 )
 from .wait import loop as waiting
 from .watchdog import server_id, watchdog
@@ -112,9 +115,12 @@ class AsyncRLock(LockBase):
         """Wait until acquired. ``lease_time`` in seconds; ``None``: watchdog mode."""
         lease_ms = self._lease_ms(lease_time)
         budget = set_budget(None)  # a full pool is waited for as long as the lock is
+        mark = mark_cancels()
         try:
             await self._acquire(None, lease_ms)
+            await self._not_cancelled()
         finally:
+            reset_cancels(mark)
             reset_budget(budget)
 
     async def try_lock(self, wait_time: float = 0.0, lease_time: float | None = None) -> bool:
@@ -123,13 +129,28 @@ class AsyncRLock(LockBase):
         lease_ms = self._lease_ms(lease_time)
         # A full pool is waited for within the budget (at least ``aiopool.POOL_TIMEOUT``).
         budget = set_budget(None if wait is None else time.monotonic() + wait)
+        mark = mark_cancels()
         try:
-            return await self._acquire(wait, lease_ms)
+            got = await self._acquire(wait, lease_ms)
+            if got:
+                await self._not_cancelled()
+            return got
         finally:
+            reset_cancels(mark)
             reset_budget(budget)
+
+    async def _not_cancelled(self) -> None:
+        """Acquired, though the task was cancelled meanwhile and redis-py dropped the
+        ``CancelledError`` (``aiopool.mark_cancels``): give the hold back and raise it, as a
+        cancellation that reached us would have."""
+        if cancel_dropped():
+            await self.unlock()
+            raise asyncio.CancelledError
 
     async def _attempt(self, k: HoldKey, lease_ms: int | None, t0: float, claim: bool = False,
                        reg: tuple[str, float | None] | None = None) -> int | None:
+        if cancel_dropped():  # lost in redis-py earlier in this acquire: nothing sent yet
+            raise asyncio.CancelledError
         args = self._acquire_args(k, lease_ms, claim)
         keys = self._acquire_keys
         if reg is not None:
@@ -137,13 +158,17 @@ class AsyncRLock(LockBase):
             keys = self._wait_keys
         target = await self._target()
         sent = time.monotonic()
-        fut = asyncio.ensure_future(self._send_acquire(k, args, *target, keys))
         try:
+            if target[1] is None:  # one script, sent from this task (``ashielded``)
+                ttl = self._ttl_of(await ashielded(self._client, self._ACQUIRE, keys, args))
+            else:  # acquire, WAIT and maybe the undo: one unit in a task of its own
+                ttl = await shielded_task(self._send_acquire(k, args, *target, keys))
+        except Cut as cut:
             # Cancelling the caller must not cancel a round trip Redis may already have run.
-            ttl = await asyncio.shield(fut)
-        except asyncio.CancelledError:
-            await self._undo_cancelled(fut, k[2])
-            raise
+            rest = cut.rest if target[1] is not None else asyncio.ensure_future(
+                self._ttl_later(cut.rest))
+            await self._undo_cancelled(rest, k[2])
+            raise cut.cancel from None
         if ttl is None:
             hold = self._acquired(k, lease_ms, t0, since=sent)
             if time.monotonic() - sent > hold.lease_ms / 2000.0 and not await self._verified(
@@ -151,6 +176,9 @@ class AsyncRLock(LockBase):
                 return 0  # its reply came after half its lease: not ours any more, try again
             return None
         return int(ttl)
+
+    async def _ttl_later(self, reply: asyncio.Future[Any]) -> int | None:
+        return self._ttl_of(await reply)
 
     async def _target(self) -> tuple[int, tuple[int, int] | None]:
         if self.sync_replicas is None:
@@ -311,12 +339,22 @@ class AsyncRLock(LockBase):
         target = await self._target()
         plan = self._release_plan((self._server, self.key, self._field()))
         plan.sent = time.monotonic()
-        fut = asyncio.ensure_future(self._send_release(plan.args, *target))
         try:
-            r = await asyncio.shield(fut)
-        except asyncio.CancelledError:
+            if target[1] is None:  # one script, sent from this task (``ashielded``)
+                r = await ashielded(self._client, self._RELEASE, self._release_keys, plan.args)
+            else:
+                r = await shielded_task(self._send_release(plan.args, *target))
+        except Cut as cut:
             # The release goes on; book its outcome when it lands (hand-off, renewal, echo).
+            cut.rest.add_done_callback(lambda f: self._book(plan, f))
+            raise cut.cancel from None
+        except asyncio.CancelledError:
+            # Cancelled before anything was written: send it anyway, as a shielded release
+            # would have been (invariant 8), and book it when it lands.
+            fut = asyncio.ensure_future(self._send_release(plan.args, *target))
             fut.add_done_callback(lambda f: self._book(plan, f))
+            _background.add(fut)
+            fut.add_done_callback(_background.discard)
             raise
         except BaseException as exc:
             if isinstance(exc, (RedisConnectionError, RedisTimeoutError)):

@@ -5,6 +5,9 @@ FencedLock (task-owned). Waiting and renewal are the process's shared ones (the 
 and watchdog threads), so a standby costs no thread. ``is_leader()`` and ``term`` do no I/O and
 are plain calls; ``start``, ``stop``, ``wait_elected`` and ``leader`` are awaitables.
 Callbacks may be plain functions or coroutine functions; they run on the campaign's task.
+Waits are bounded with ``asyncio.timeout``, never ``asyncio.wait_for``: on Python 3.11 that
+returns normally when its task is cancelled just as the awaited thing finishes, and the
+cancelled campaign or ``wait_elected`` would go on.
 """
 
 from __future__ import annotations
@@ -88,7 +91,8 @@ class AsyncLeader(LeaderBase):
             if left is not None and left <= 0:
                 return self.is_leader()
             try:
-                await asyncio.wait_for(self._elected.wait(), left)
+                async with asyncio.timeout(left):
+                    await self._elected.wait()
             except TimeoutError:
                 return self.is_leader()
             if self.is_leader():
@@ -130,7 +134,8 @@ class AsyncLeader(LeaderBase):
                 logger.warning("django-rlock: leader %r campaign: %s: %s; trying again in "
                                "%.1f s", self.group, type(exc).__name__, exc, pause)
                 try:
-                    await asyncio.wait_for(self._stopped.wait(), pause)
+                    async with asyncio.timeout(pause):
+                        await self._stopped.wait()
                     break
                 except TimeoutError:
                     pass
@@ -173,8 +178,9 @@ class AsyncLeader(LeaderBase):
             confirmed = lock.confirmation(slot, loop)
             if confirmed is not None:
                 try:
-                    await asyncio.wait_for(confirmed, max(0.0, min(
-                        wait_settings.SUBSCRIBE_TIMEOUT, until(term.hold) - time.monotonic())))
+                    async with asyncio.timeout(max(0.0, min(
+                            wait_settings.SUBSCRIBE_TIMEOUT, until(term.hold) - time.monotonic()))):
+                        await confirmed
                 except TimeoutError:
                     pass
             while True:
@@ -192,8 +198,8 @@ class AsyncLeader(LeaderBase):
                 if self._stopping:
                     continue
                 try:  # never waiting past the doubt (a frozen Redis)
-                    ours = await asyncio.wait_for(lock.holds(term.owner), max(
-                        0.0, until(term.hold) - time.monotonic()))
+                    async with asyncio.timeout(max(0.0, until(term.hold) - time.monotonic())):
+                        ours = await lock.holds(term.owner)
                 except Exception:
                     ours = True  # no answer in time: renewal and the clock decide
                 if not ours:

@@ -52,6 +52,39 @@ def reset_budget(token: Token[float | None]) -> None:
     _budget.reset(token)
 
 
+#: ``Task.cancelling()`` when the acquire running in this context began (None: outside one).
+_cancels: ContextVar[int | None] = ContextVar("django_rlock_cancels", default=None)
+
+
+def mark_cancels() -> Token[int | None]:
+    """An acquire begins in this task: remember how many cancellations it had, so that one
+    that redis-py drops later can be told (``cancel_dropped``). Undo with ``reset_cancels``.
+
+    On Python 3.11, ``asyncio.wait_for`` returns normally when its task is cancelled just as
+    the awaited thing finishes; redis-py runs every command's write under it (connecting:
+    HELLO, CLIENT SETINFO, SELECT; the replica probe), so a cancellation landing there is
+    lost, and the task goes on acquiring (or waiting in line) as if it had not been
+    cancelled. The request stays counted in ``Task.cancelling()``."""
+    return _cancels.set(cancelling())
+
+
+def reset_cancels(token: Token[int | None]) -> None:
+    _cancels.reset(token)
+
+
+def cancelling() -> int:
+    """``Task.cancelling()`` of the running task (0 outside one)."""
+    task = asyncio.current_task()
+    return task.cancelling() if task is not None else 0
+
+
+def cancel_dropped(since: int | None = None) -> bool:
+    """The running task was cancelled after the acquire began (or after ``since``, a
+    ``cancelling()``) and no ``CancelledError`` reached our code: the caller raises one."""
+    base = _cancels.get() if since is None else since
+    return base is not None and cancelling() > base
+
+
 def connection_wait() -> float | None:
     """How long a checkout in this context may wait for a connection (None: without end)."""
     deadline = _budget.get()
@@ -189,3 +222,131 @@ def closed_while_idle(conn: Any) -> bool:
     poller = select.poll()
     poller.register(fd, select.POLLIN | select.POLLPRI)
     return bool(poller.poll(0))
+
+
+def packed(conn: Any, args: tuple[Any, ...]) -> list[bytes]:
+    """``args`` as one RESP command, byte for byte what ``conn.pack_command(*args)`` gives.
+
+    redis-py's packer costs ~11 us for an acquire's 13 arguments on the bench host (a call of
+    its encoder per argument, a check for commands of two words, buffers split for large
+    values); a lock script's arguments are ``str``, ``int`` and ``bytes``, encoded here
+    inline with the connection's encoding (~4 us). Anything else goes through its encoder
+    (which rejects ``bool``, formats ``float``)."""
+    encoder = conn.encoder
+    encoding, errors = encoder.encoding, encoder.encoding_errors
+    out = [b"*%d\r\n" % len(args)]
+    add = out.append
+    for a in args:
+        t = type(a)
+        if t is str:
+            b = a.encode(encoding, errors)
+        elif t is int:
+            b = b"%d" % a
+        elif t is bytes:
+            b = a
+        else:
+            b = encoder.encode(a)
+        add(b"$%d\r\n" % len(b))
+        add(b)
+        add(b"\r\n")
+    return out
+
+
+def written(conn: Any, command: list[bytes]) -> bool:
+    """Write ``command`` (``packed``) to ``conn`` from the calling task; False (nothing written) if this
+    connection cannot be written to that way (not connected, or a redis-py without a stream
+    writer), and the caller sends through redis-py instead.
+
+    redis-py's ``send_packed_command`` runs the write in ``asyncio.wait_for`` whenever the
+    connection has a ``socket_timeout`` (redis-py 8's default is 5 s): a task of its own per
+    command on Python 3.11, about a fifth of a bare ``EVALSHA``'s time on the bench host. A
+    script of ours fits in the socket's buffer, so the write is done when ``writelines``
+    returns; only what the kernel did not take (``drained`` waits for it) needs the timeout.
+    """
+    writer = getattr(conn, "_writer", None)
+    if writer is None or writer.transport is None or writer.transport.is_closing():
+        return False
+    writer.writelines(command)
+    return True
+
+
+async def drained(conn: Any) -> None:
+    """Wait, within the connection's ``socket_timeout``, for what the kernel has not taken yet
+    of a ``written`` command (usually nothing: no await at all). A timeout or a lost
+    connection disconnects it (the command may be half sent) and raises redis-py's errors."""
+    writer = conn._writer
+    if not writer.transport.get_write_buffer_size():
+        return
+    try:
+        async with asyncio.timeout(conn.socket_timeout):
+            await writer.drain()
+    except TimeoutError as exc:
+        await conn.disconnect(nowait=True)
+        raise redis.exceptions.TimeoutError("Timeout writing to socket") from exc
+    except OSError as exc:
+        await conn.disconnect(nowait=True)
+        raise redis.exceptions.ConnectionError(f"Error while writing to socket: {exc}") from exc
+
+
+# -- the connection an event loop keeps for lock scripts --------------------------------------
+#: Acquire and release scripts of ``AsyncRLock`` go out on one connection the pool lends for
+#: good (``Kept``), while no other task of the loop is using it, instead of a checkout and a
+#: release per script (redis-py's take a lock, record observability counters and look for
+#: unread input under ``asyncio.timeout(0)``: about 8 us a script on the bench host). Only on
+#: a plain ``redis.asyncio.ConnectionPool`` or a ``TwinPool`` of redis-py's default size
+#: (100) or more: the kept connection is one of the pool's, counted against its cap and
+#: closed by ``aclose()``, and a smaller cap is the user's limit. False: every script checks
+#: a connection out.
+KEEP_CONNECTION = True
+_KEPT_ATTR = "_django_rlock_kept"
+
+
+class Kept:
+    """One pool's connection kept for lock scripts, and whether a task is using it (a second
+    task goes through the pool meanwhile: tasks interleave on one thread)."""
+
+    __slots__ = ("busy", "conn", "loop")
+
+    def __init__(self) -> None:
+        self.conn: Any = None
+        self.loop: Any = None
+        self.busy = False
+
+    async def take(self, pool: Any) -> Any:
+        """The kept connection, connected (nothing is sent; an error is raised as is)."""
+        self.busy = True
+        try:
+            loop = asyncio.get_running_loop()
+            if self.conn is None or self.loop is not loop:
+                old, self.conn = self.conn, None
+                if old is not None:  # (the pool's other connections are of that loop too)
+                    await pool.release(old)
+                self.conn = await pool.get_connection()
+                self.loop = loop
+            elif not self.conn.is_connected:
+                await self.conn.connect()
+            return self.conn
+        except BaseException:
+            self.busy = False
+            raise
+
+    async def release(self, conn: Any) -> None:
+        """Done with it (kept, not given back to the pool)."""
+        self.busy = False
+
+
+def kept(pool: Any) -> Kept | None:
+    """The connection ``pool`` keeps for lock scripts, if free; None: check one out."""
+    k = getattr(pool, _KEPT_ATTR, None)
+    if k is None:
+        ok = (type(pool) in (redis.asyncio.ConnectionPool, TwinPool)
+              and getattr(pool, "max_connections", 0) >= DEFAULT_CAP
+              and getattr(pool, "cache", None) is None)
+        k = Kept() if ok else False
+        try:
+            setattr(pool, _KEPT_ATTR, k)
+        except AttributeError:
+            return None
+    if not k or k.busy or not KEEP_CONNECTION:
+        return None
+    return k

@@ -24,7 +24,15 @@ from redis.exceptions import (
     TryAgainError,
 )
 
-from .aiopool import closed_while_idle
+from .aiopool import (
+    cancel_dropped,
+    cancelling,
+    closed_while_idle,
+    drained,
+    kept,
+    packed,
+    written,
+)
 from .clients import (
     async_twin,
     cluster_of,
@@ -320,6 +328,152 @@ async def _aredirected(cluster: Any, exc: Exception, script: Script, keys: tuple
         except (*_NOT_RUN, _NotSent) as again:
             exc = again
     raise exc.args[0] if isinstance(exc, _NotSent) else exc
+
+
+class Cut(BaseException):
+    """The caller of ``ashielded`` was cancelled after its script was written. ``rest`` (a
+    future) finishes the round trip in a task of its own and resolves to the reply, as the
+    shielded task did; ``cancel`` is the cancellation, to raise once the caller has arranged
+    what ``rest`` needs (waited for it, or booked it when it lands). A ``BaseException``, so
+    that no ``except Exception`` swallows it; never let out of the engine."""
+
+    def __init__(self, rest: asyncio.Future[Any], cancel: asyncio.CancelledError) -> None:
+        super().__init__(rest, cancel)
+        self.rest = rest
+        self.cancel = cancel
+
+
+def shielded_task(coro: Any) -> Any:
+    """``await`` this: ``coro`` in a task of its own, shielded; a cancellation raises ``Cut``."""
+    fut = asyncio.ensure_future(coro)
+
+    async def wait() -> Any:
+        try:
+            return await asyncio.shield(fut)
+        except asyncio.CancelledError as exc:
+            raise Cut(fut, exc) from None
+    return wait()
+
+
+async def ashielded(client: Any, script: Script, keys: tuple[Any, ...],
+                    args: tuple[Any, ...]) -> Any:
+    """``acall_once`` that a cancellation of the caller never cuts in half, sent from the
+    calling task (the hot path of ``AsyncRLock``: no task per script, invariant 8).
+
+    Until the script is written, a cancellation propagates as is: nothing ran. From the write
+    on, the round trip completes whatever happens to the caller: a cancellation raises ``Cut``,
+    whose ``rest`` reads the reply in a task of its own (redis-py's parsers resume a read that
+    was interrupted when the connection is not dropped, ``disconnect_on_error=False``). Where
+    that cannot be done (a single-connection client, a connection redis-py gives no writer
+    for), and for what follows an error reply (NOSCRIPT, a cluster redirection), the whole
+    call runs in a shielded task as before.
+    """
+    if getattr(client, "connection", None) is not None:
+        return await shielded_task(acall_once(client, script, keys, args))
+    sent = script.on(client)
+    pool = client.connection_pool
+    home = kept(pool) or pool  # where the connection goes back: kept, or into the pool
+    cancels = cancelling()
+    try:
+        conn = await home.take(pool) if home is not pool else await pool.get_connection()
+    except (ConnectionError, TimeoutError):
+        if cluster_of(client) is None:
+            raise
+        return await shielded_task(acall_once(client, script, keys, args))  # not sent
+    try:
+        await _aready(client, conn)
+        if cancel_dropped(cancels):
+            raise asyncio.CancelledError  # dropped by redis-py's connect (``mark_cancels``)
+        ok = written(conn, packed(conn, ("EVALSHA", sent.sha, len(keys), *keys, *args)))
+    except _NotSent:  # a cluster node we could not connect to again: nothing was written
+        await home.release(conn)
+        return await shielded_task(acall_once(client, script, keys, args))
+    except BaseException:
+        await home.release(conn)
+        raise  # nothing written: nothing ran
+    if not ok:
+        await home.release(conn)
+        return await shielded_task(acall_once(client, script, keys, args))
+    err: ResponseError | None = None
+    try:
+        await drained(conn)
+        reply = await _reply(conn)
+    except asyncio.CancelledError as exc:
+        raise Cut(asyncio.ensure_future(_rest(client, home, conn, script, keys, args)),
+                  exc) from None
+    except ResponseError as exc:
+        reply, err = None, exc
+    except (ConnectionError, TimeoutError) as exc:
+        await home.release(conn)
+        cluster = cluster_of(client)
+        if cluster is not None:
+            refresh(cluster, exc)
+        raise
+    except BaseException:
+        await home.release(conn)
+        raise
+    try:
+        await home.release(conn)
+    except asyncio.CancelledError as exc:  # the reply is in: the caller must still see it
+        raise Cut(asyncio.ensure_future(_settled(client, reply, err, script, keys, args)),
+                  exc) from None
+    if err is not None:
+        return await shielded_task(_after_error(client, err, script, keys, args))
+    return reply
+
+
+async def _settled(client: Any, reply: Any, err: ResponseError | None, script: Script,
+                   keys: tuple[Any, ...], args: tuple[Any, ...]) -> Any:
+    return reply if err is None else await _after_error(client, err, script, keys, args)
+
+
+async def _reply(conn: Any) -> Any:
+    """The reply to what was written; a cancellation leaves the connection as it is (the read
+    goes on later); any other failure but an error reply drops it (out of step)."""
+    try:
+        return await conn.read_response(disconnect_on_error=False)
+    except (ResponseError, asyncio.CancelledError):
+        raise
+    except BaseException:
+        await conn.disconnect(nowait=True)
+        raise
+
+
+async def _rest(client: Any, home: Any, conn: Any, script: Script, keys: tuple[Any, ...],
+                args: tuple[Any, ...]) -> Any:
+    """What a ``Cut`` left: the reply (its connection given back), as ``acall_once`` reads it."""
+    try:
+        await drained(conn)
+        reply = await _reply(conn)
+    except ResponseError as exc:
+        await home.release(conn)
+        return await _after_error(client, exc, script, keys, args)
+    except asyncio.CancelledError:
+        await conn.disconnect(nowait=True)  # abandoned mid-reply (its loop is closing)
+        await home.release(conn)
+        raise
+    except BaseException as exc:
+        await home.release(conn)
+        cluster = cluster_of(client)
+        if cluster is not None and isinstance(exc, (ConnectionError, TimeoutError)):
+            refresh(cluster, exc)
+        raise
+    await home.release(conn)
+    return reply
+
+
+async def _after_error(client: Any, exc: ResponseError, script: Script, keys: tuple[Any, ...],
+                       args: tuple[Any, ...]) -> Any:
+    """An error reply to a script written by ``ashielded``: NOSCRIPT (nothing ran: EVAL it) and
+    a cluster's "not run here" (send it where the slot is now) as ``acall_once`` does; any
+    other error is the script's own, raised."""
+    if isinstance(exc, NoScriptError):
+        return await acall_once(client, script, keys, args)  # EVALSHA, NOSCRIPT again, EVAL
+    if isinstance(exc, _NOT_RUN):
+        cluster = cluster_of(client)
+        if cluster is not None:
+            return await _aredirected(cluster, exc, script, keys, args, None)
+    raise exc
 
 
 # Enqueue de-duplication marks (the Celery layer's): ``lua/mark_claim.lua``, ``mark_release.lua``.

@@ -195,8 +195,12 @@ async def await_(w: Wait, attempt: Callable[[bool], Awaitable[int | None]],
     try:
         confirmed = mgr.confirmation(slot, loop)
         if confirmed is not None:
+            # ``asyncio.timeout``, not ``wait_for``: on Python 3.11 a ``wait_for`` cancelled
+            # just as its future resolves returns the result and drops the cancellation, and
+            # the cancelled waiter would go on waiting (in line) as if nothing happened.
             try:
-                await asyncio.wait_for(confirmed, sub_timeout)
+                async with asyncio.timeout(sub_timeout):
+                    await confirmed
             except TimeoutError:
                 pass
         if park_until:

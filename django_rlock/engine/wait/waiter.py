@@ -144,9 +144,11 @@ class Waiter:
             self._park.acquire(blocking=False)
 
     async def apark(self, timeout: float | None) -> None:
-        if timeout is None or timeout > 0:
+        if not self._event.is_set() and (timeout is None or timeout > 0):
             try:
-                await asyncio.wait_for(self._event.wait(), timeout)
+                # ``asyncio.timeout``, not ``wait_for``: on 3.11 that starts a task per park.
+                async with asyncio.timeout(timeout):
+                    await self._event.wait()
             except TimeoutError:
                 pass
         # No await between the wake and this clear: a wake cannot slip in and be lost
