@@ -98,6 +98,13 @@ class Releasing:
                         owner=plan.k[2], held=time.monotonic() - since, reason="unlock")
         return self._settle(plan, r)
 
+    def _handed_over(self, plan: Release) -> None:
+        """The end of a sync release: if it handed the lock to a waiting thread of ours, block
+        until that heir runs (at most ``HANDOVER_WAIT``), so the lock's next holder is not kept
+        waiting for the interpreter by this thread's own work after ``unlock()``."""
+        if plan.handed and plan.mgr is not None and plan.heir is not None:
+            plan.mgr.hand_over(plan.heir)
+
     def _settle(self, plan: Release, r: int | bytes | str | None) -> pubsub.Waiter | None:
         """Tell the pub/sub side what the release did: hand-off, grant, publish, or nothing."""
         token = r if isinstance(r, (bytes, str)) else None
@@ -120,6 +127,7 @@ class Releasing:
                 if heir is not None and not mgr.resolve(self._channel, heir, r == -1,
                                                         plan.sent):
                     orphan = heir  # it left before the hand-off settled: release for it
+                plan.handed = heir is not None and r == -1 and orphan is None
         if published:
             receivers = r - 1
             if mgr is None:
@@ -134,7 +142,7 @@ class Releasing:
 
 
 class Release:
-    __slots__ = ("k", "hold", "lease_ms", "mgr", "heir", "echo", "args", "sent")
+    __slots__ = ("k", "hold", "lease_ms", "mgr", "heir", "echo", "args", "sent", "handed")
 
     def __init__(self, k: HoldKey, hold: Any, lease_ms: int) -> None:
         self.k = k
@@ -145,6 +153,7 @@ class Release:
         self.echo = False
         self.args: tuple[Any, ...] = ()
         self.sent: float | None = None  # when the release went out (a heir's lease starts later)
+        self.handed = False  # handed to ``heir`` (reply -1): ``_handed_over`` lets it run first
 
 
 def be_polite(server: Any, key: str) -> None:

@@ -11,6 +11,7 @@ line, or a claim attempt that finds the lock set to us, and is taken once whiche
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -40,6 +41,9 @@ class HandOffs:
         self._token_prefix = identity.process_id().encode()
         #: The earliest ``grant_watch`` of any channel (0: none): the listener wakes for it.
         self.next_watch = 0.0
+        #: Heirs granted by a releasing thread of ours that have not run yet: the lock that
+        #: thread blocks on until they do (``hand_over``, ``took_over``).
+        self._acks: dict[Waiter, threading.Lock] = {}
 
     # -- our own releases (invariant 5) ---------------------------------------------------
     def reserve(self, channel: bytes, key: str,
@@ -124,19 +128,48 @@ class HandOffs:
                 if ch is not None:
                     ch.active -= 1
                     ch.pending = False
-                # The waiter acts only under our lock, so the order within it is free.
-                if not w.wake():
+                # The waiter acts only under our lock, so the order within it is free. A
+                # thread on a wake line is woken last (its wake cannot fail): by the time it
+                # runs, the releasing thread is about to block in ``hand_over``, and the heir
+                # takes the interpreter at once instead of waking a second time for it.
+                if w.line is None and not w.wake():
                     return False  # its event loop is gone: release on its behalf
                 if w.handoff is not None and w.handoff.on_grant is not None:
                     # Booked while the waiter cannot yet leave or return.
                     w.handoff.on_grant(None, since)
                 w.move(State.GRANTED)
+                if settings.HANDOVER_WAIT > 0:
+                    ack = threading.Lock()
+                    ack.acquire()
+                    self._acks[w] = ack
+                if w.line is not None:
+                    w.wake()
             elif not w.signal() and ch is not None:
                 # Released the ordinary way (or not at all): this waiter was to retry first;
                 # it is gone, so the wake passes on.
                 ch.active -= 1
                 ch.wake_one()
             return True
+
+    def took_over(self, w: Waiter) -> None:
+        """Under the lock: ``w`` runs and has seen how its hand-off ended; a releasing thread
+        blocked in ``hand_over`` for it goes on."""
+        if self._acks:
+            ack = self._acks.pop(w, None)
+            if ack is not None:
+                ack.release()
+
+    def hand_over(self, w: Waiter) -> None:
+        """After a sync release handed the lock to ``w`` (not under the lock): block until the
+        heir runs, at most ``HANDOVER_WAIT``. Gives the heir the interpreter the moment it
+        wakes; without it, the heir waits for the GIL until this thread next blocks (its next
+        I/O, or the 5 ms switch interval if it computes), and then wakes a second time."""
+        ack = self._acks.get(w)
+        if ack is None:
+            return
+        ack.acquire(timeout=settings.HANDOVER_WAIT)
+        with self.channels.lock:
+            self._acks.pop(w, None)
 
     # -- grants from any process's release (invariants 21, 22) ------------------------------
     def join(self, ch: Channel, w: Waiter) -> None:

@@ -141,7 +141,9 @@ class WakeLine:
             return
         self._poked = False
         try:
-            while os.read(self._rfd, 512):
+            # A short read emptied it: no second read (a syscall on the heir's way out) to
+            # hear EAGAIN.
+            while len(os.read(self._rfd, 512)) == 512:
                 pass
         except OSError:  # nothing left (EAGAIN)
             pass

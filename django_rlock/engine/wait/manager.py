@@ -136,6 +136,10 @@ class PubSubManager:
         """Settle a reservation; False: the heir left meanwhile, release for it."""
         return self.handoffs.resolve(channel, w, granted, since)
 
+    def hand_over(self, heir: Waiter) -> None:
+        """A sync release handed the lock to ``heir``: let it run first (bounded)."""
+        self.handoffs.hand_over(heir)
+
     def granted(self, channel: bytes, token: Any, since: float | None = None) -> None:
         """A release granted the lock to ``token`` (invariant 22)."""
         self.handoffs.granted(channel, token, since)
