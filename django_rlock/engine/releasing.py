@@ -102,8 +102,8 @@ class Releasing:
         """The end of a sync release: if it handed the lock to a waiting thread of ours, block
         until that heir runs (at most ``HANDOVER_WAIT``), so the lock's next holder is not kept
         waiting for the interpreter by this thread's own work after ``unlock()``."""
-        if plan.handed and plan.mgr is not None and plan.heir is not None:
-            plan.mgr.hand_over(plan.heir)
+        if plan.handed is not None and plan.mgr is not None:
+            plan.mgr.hand_over(plan.handed)
 
     def _settle(self, plan: Release, r: int | bytes | str | None) -> pubsub.Waiter | None:
         """Tell the pub/sub side what the release did: hand-off, grant, publish, or nothing."""
@@ -118,7 +118,7 @@ class Releasing:
                 if token is not None:
                     # Granted to a registered waiter: if it is one of ours, it owns the lock
                     # now (its grant message, when it comes, finds it served).
-                    mgr.granted(self._channel, token, plan.sent)
+                    plan.handed = mgr.granted(self._channel, token, plan.sent, True)
             finally:
                 # Always settled, or the heir would wait for the outcome forever. An unknown
                 # outcome (r None) is "not granted": the heir's own claim finds out. Not
@@ -127,7 +127,8 @@ class Releasing:
                 if heir is not None and not mgr.resolve(self._channel, heir, r == -1,
                                                         plan.sent):
                     orphan = heir  # it left before the hand-off settled: release for it
-                plan.handed = heir is not None and r == -1 and orphan is None
+                if heir is not None and r == -1 and orphan is None:
+                    plan.handed = heir
         if published:
             receivers = r - 1
             if mgr is None:
@@ -153,7 +154,9 @@ class Release:
         self.echo = False
         self.args: tuple[Any, ...] = ()
         self.sent: float | None = None  # when the release went out (a heir's lease starts later)
-        self.handed = False  # handed to ``heir`` (reply -1): ``_handed_over`` lets it run first
+        #: The waiter of ours it gave the lock to (``heir``, or a registered one granted by
+        #: token): ``_handed_over`` lets it run first.
+        self.handed: pubsub.Waiter | None = None
 
 
 def be_polite(server: Any, key: str) -> None:
