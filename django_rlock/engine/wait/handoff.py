@@ -175,9 +175,8 @@ class HandOffs:
         wakes; without it, the heir waits for the GIL until this thread next blocks (its next
         I/O, or the 5 ms switch interval if it computes), and then wakes a second time."""
         ack = self._acks.get(w)
-        if ack is None:
-            return
-        ack.acquire(timeout=settings.HANDOVER_WAIT)
+        if ack is None or ack.acquire(timeout=settings.HANDOVER_WAIT):
+            return  # (``took_over`` dropped it: no lock taken here, which the heir may hold)
         with self.channels.lock:
             self._acks.pop(w, None)
 
