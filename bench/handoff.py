@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -56,11 +57,6 @@ def table(res: dict[str, contention.Summary], ref: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    # Here, not at the top: spawned contender processes import this module, and a baseline's
-    # must import django_rlock from its own tree (``bench.server`` imports it).
-    from bench.server import RedisServer
-    from django_rlock.testing import free_port
-
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--modes", default="1x8", help="layouts, PROCSxTHREADS, comma-separated")
     ap.add_argument("--rounds", type=int, default=5)
@@ -77,6 +73,20 @@ def main(argv: list[str] | None = None) -> int:
     if PRL not in libs:
         libs.append(PRL)
     code = extract(args.baseline) if args.baseline else ""
+    try:
+        return run(args, modes, transports, libs, code)
+    finally:
+        if code:
+            shutil.rmtree(code, ignore_errors=True)
+
+
+def run(args: argparse.Namespace, modes: list[tuple[int, ...]], transports: list[str],
+        libs: list[str], code: str) -> int:
+    # Here, not at the top: spawned contender processes import this module, and a baseline's
+    # must import django_rlock from its own tree (``bench.server`` imports it).
+    from bench.server import RedisServer
+    from django_rlock.testing import free_port
+
     out = [f"`{shlex.join(['python', 'bench/handoff.py', *sys.argv[1:]])}`: "
            f"{args.rounds} round(s) x {args.seconds:g} s per library, layout and transport, "
            f"hold ~1 ms; medians over rounds (max wait: the worst)."]
