@@ -74,9 +74,10 @@ class CountingPacker:
             return dict(self.counts)
 
 
-def counting_client(socket_path: str) -> tuple[redis.Redis, CountingPacker]:
-    """A client like ``redis.Redis(unix_socket_path=...)`` whose connections count what they send."""
-    client = redis.Redis(unix_socket_path=socket_path)
+def counting_client(conn: str | dict[str, Any]) -> tuple[redis.Redis, CountingPacker]:
+    """A client like ``redis.Redis(**conn)`` (a str: a unix socket's path) whose connections
+    count what they send."""
+    client = redis.Redis(**({"unix_socket_path": conn} if isinstance(conn, str) else conn))
     packer = CountingPacker()
     pool = client.connection_pool
     if not HIREDIS_AVAILABLE:

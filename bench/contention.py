@@ -19,18 +19,20 @@ from __future__ import annotations
 import itertools
 import multiprocessing as mp
 import queue
+import sys
 import threading
 import time
 import traceback
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 
 from .clients import (
     HANDSHAKE,
+    RLOCK,
     Adapter,
     commandstats,
     counting_client,
@@ -38,8 +40,14 @@ from .clients import (
     make_adapter,
     warm_pool,
 )
-from .server import RedisServer
 from .stats import median, percentile
+
+if TYPE_CHECKING:  # (not imported at run time: a spawned contender of the baseline must
+    # import ``django_rlock`` from the baseline's tree, and ``.server`` imports it)
+    from .server import RedisServer
+
+#: ``--baseline``: django-rlock as it is at another git revision, in the same run.
+BASELINE = "django-rlock (baseline)"
 
 #: (holder id, acquire called, acquire returned, release called), monotonic ns.
 Record = tuple[int, int, int, int]
@@ -51,7 +59,7 @@ BENCH_COMMANDS = frozenset({"info", "hget", "hset"}) | HANDSHAKE
 @dataclass(frozen=True)
 class ChildSpec:
     lib: str
-    socket_path: str
+    conn: dict[str, Any]  # redis.Redis keyword arguments: a unix socket or loopback TCP
     lock_name: str
     counter_key: str
     index: int
@@ -60,6 +68,7 @@ class ChildSpec:
     hold_s: float
     wait_s: float
     max_per_thread: int
+    code: str = ""  # a tree whose ``django_rlock`` this process imports (``BASELINE``)
 
 
 def _contend(a: Adapter, counter: redis.Redis, spec: ChildSpec, hid: int, go: threading.Event,
@@ -93,9 +102,15 @@ def _contend(a: Adapter, counter: redis.Redis, spec: ChildSpec, hid: int, go: th
 def _child(spec: ChildSpec, results: Any, start_evt: Any, start_val: Any) -> None:
     """Entry point of a spawned contender process."""
     try:
-        client, packer = counting_client(spec.socket_path)
-        counter = redis.Redis(unix_socket_path=spec.socket_path)
-        adapters = [make_adapter(spec.lib, client, spec.lock_name, spec.wait_s)
+        lib = spec.lib
+        if spec.code:
+            sys.path.insert(0, spec.code)
+            import django_rlock
+            assert django_rlock.__file__ and django_rlock.__file__.startswith(spec.code)
+            lib = RLOCK
+        client, packer = counting_client(spec.conn)
+        counter = redis.Redis(**spec.conn)
+        adapters = [make_adapter(lib, client, spec.lock_name, spec.wait_s)
                     for _ in range(spec.threads)]
         for a in adapters:  # loads the scripts and starts any library thread before timing
             a.acquire()
@@ -208,25 +223,28 @@ def analyze(lib: str, records: list[Record], start_ns: int, counter: int, client
 
 def run_one(server: RedisServer, lib: str, procs: int, threads: int, duration_s: float,
             hold_s: float, tag: str, wait_s: float = 30.0, max_per_thread: int = 100_000,
-            mix: Sequence[str] = ()) -> RunResult:
+            mix: Sequence[str] = (), transport: str = "unix", code: str = "") -> RunResult:
     """One contention run: ``procs`` spawned processes of ``threads`` contenders each.
 
     ``mix``: one library per process (then ``procs`` is its length and ``lib`` only names the
-    run), for contenders of different libraries on the same key.
+    run), for contenders of different libraries on the same key. ``transport``: "unix" or
+    "tcp" (loopback; the server must listen there). ``code``: the tree ``BASELINE`` imports.
     """
+    conn = server.conn(transport)
     libs = list(mix) or [lib] * procs
     procs = len(libs)
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     start_evt = ctx.Event()
     start_val = ctx.Value("q", 0)
-    lock_name = f"bench:b:{tag}"
-    counter_key = f"bench:b:counter:{tag}"
+    lock_name = f"bench:b:{tag}:{transport}"
+    counter_key = f"bench:b:counter:{tag}:{transport}"
     stats = server.client()
     stats.delete(counter_key)
     children = [ctx.Process(target=_child, daemon=True,
-                            args=(ChildSpec(child_lib, server.socket_path, lock_name, counter_key,
-                                            i, threads, duration_s, hold_s, wait_s, max_per_thread),
+                            args=(ChildSpec(child_lib, conn, lock_name, counter_key,
+                                            i, threads, duration_s, hold_s, wait_s, max_per_thread,
+                                            code if child_lib == BASELINE else ""),
                                   results, start_evt, start_val))
                 for i, child_lib in enumerate(libs)]
     for c in children:
@@ -365,8 +383,10 @@ class Summary:
 
 
 def run(server: RedisServer, libs: list[str], procs: int, threads: int, rounds: int,
-        duration_s: float, hold_s: float, reference: str, label: str) -> dict[str, Summary]:
-    """``rounds`` rounds of every library, rotated; ratios against ``reference`` per round."""
+        duration_s: float, hold_s: float, reference: str, label: str, transport: str = "unix",
+        code: str = "") -> dict[str, Summary]:
+    """``rounds`` rounds of every library, rotated; ratios against ``reference`` per round.
+    ``transport``: "unix" or "tcp" (loopback); ``code``: the tree ``BASELINE`` imports."""
     runs: dict[str, list[RunResult]] = {lib: [] for lib in libs}
     ratios: dict[str, list[float]] = {lib: [] for lib in libs}
     for r in range(rounds):
@@ -374,7 +394,8 @@ def run(server: RedisServer, libs: list[str], procs: int, threads: int, rounds: 
         this: dict[str, RunResult] = {}
         for lib in order:
             tag = f"{label}:{r}:{lib}"
-            this[lib] = run_one(server, lib, procs, threads, duration_s, hold_s, tag)
+            this[lib] = run_one(server, lib, procs, threads, duration_s, hold_s, tag,
+                                transport=transport, code=code)
             runs[lib].append(this[lib])
         ref = percentile(this[reference].cross_ms, 50)
         for lib, res in this.items():

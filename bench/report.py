@@ -82,6 +82,7 @@ class BMode:
 
     procs: int
     threads: int
+    transport: str = "unix"  # or "tcp" (loopback)
 
     @property
     def between_processes(self) -> bool:
@@ -89,13 +90,18 @@ class BMode:
 
     @property
     def label(self) -> str:
+        where = ", TCP" if self.transport == "tcp" else ""
         if not self.between_processes:
-            return f"{self.threads} threads"
-        return f"{self.procs} processes x {self.threads} thread{'s' if self.threads != 1 else ''}"
+            return f"{self.threads} threads{where}"
+        return (f"{self.procs} processes x {self.threads} "
+                f"thread{'s' if self.threads != 1 else ''}{where}")
 
     @property
     def title(self) -> str:
-        return self.label if self.between_processes else f"{self.label} in one process"
+        if self.between_processes:
+            return self.label
+        where = ", TCP loopback" if self.transport == "tcp" else ""
+        return f"{self.threads} threads in one process{where}"
 
     @property
     def max_wait_ms(self) -> float:

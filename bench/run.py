@@ -92,7 +92,8 @@ def machine(server: RedisServer) -> list[tuple[str, str]]:
         ("machine", (f"{platform.machine()}, {os.cpu_count()} CPUs (nproc), {platform.system()} "
                     f"{platform.release()}")),
         ("python", platform.python_version()),
-        ("redis-server", f"{server.version} ({server.binary}), unix socket, no persistence"),
+        ("redis-server", f"{server.version} ({server.binary}), unix socket"
+                         + (" and loopback TCP (B)" if server.port else "") + ", no persistence"),
         ("redis-py", redis.__version__),
         ("hiredis", hv),
         ("python-redis-lock", prl),
@@ -119,7 +120,9 @@ def method_notes(plan: Plan, counted: bool, server: RedisServer) -> list[str]:
         "fewest and most acquisitions of one contender relative to the mean (1.00 is fair). "
         "Medians over rounds, except max wait (the worst of all rounds). Layouts: "
         + ", ".join(report.BMode(p, t).title for p, t in plan.b_modes) + "; between processes "
-        "the share target is per process (all its threads together)."),
+        "the share target is per process (all its threads together). With `--transport both` "
+        "(the default) every layout runs on the unix socket, then again over loopback TCP to "
+        "the same server (the sections marked TCP)."),
         ("Exclusion is checked twice: the non-atomic counter must equal the number of "
         "acquisitions, and no hand-off gap may be negative (an overlap)."),
         "Client commands are counted at redis-py's command packer in the contender processes "
@@ -159,7 +162,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--markdown", metavar="PATH", help="write the results page (e.g. docs/benchmarks.md)")
     ap.add_argument("--only", default="abfw",
                     help="phases to run, any of a, b, f, w (default: abfw)")
+    ap.add_argument("--transport", choices=["unix", "tcp", "both"], default="both",
+                    help="B's connections: a unix socket, loopback TCP, or each in turn "
+                         "(default: both)")
     args = ap.parse_args(argv)
+    transports = ["unix", "tcp"] if args.transport == "both" else [args.transport]
     plan = QUICK if args.quick else FULL
     only = set(args.only.lower())
     command = shlex.join([sys.executable, *sys.argv])
@@ -168,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     def phase(msg: str) -> None:
         print(f"[{time.monotonic() - t0:6.1f}s] {msg}", file=sys.stderr, flush=True)
 
-    with RedisServer() as server:
+    from django_rlock.testing import free_port
+    with RedisServer(port=free_port() if "tcp" in transports else 0) as server:
         phase(f"redis-server {server.version} on {server.socket_path}")
         counted = script_calls_counted(server)
         res = report.Results(plan.hold_s * 1e3)
@@ -176,12 +184,13 @@ def main(argv: list[str] | None = None) -> int:
             phase("A: uncontended pairs")
             res.a = uncontended.run(server, A_LIBS, plan.a_rounds, plan.a_seconds)
         if "b" in only:
-            for procs, threads in plan.b_modes:
-                mode = report.BMode(procs, threads)
-                phase(f"B: {mode.label}")
-                res.b.append((mode, contention.run(server, B_LIBS, procs, threads, plan.b_rounds,
-                                                   plan.b_seconds, plan.hold_s, PRL,
-                                                   f"{procs}x{threads}")))
+            for transport in transports:
+                for procs, threads in plan.b_modes:
+                    mode = report.BMode(procs, threads, transport)
+                    phase(f"B: {mode.label}")
+                    res.b.append((mode, contention.run(
+                        server, B_LIBS, procs, threads, plan.b_rounds, plan.b_seconds,
+                        plan.hold_s, PRL, f"{procs}x{threads}", transport)))
         if "f" in only:
             phase(f"F: {plan.f_rlock_procs} django-rlock processes and a foreign waiter")
             res.f = foreign.run(server, plan.f_rounds, plan.f_seconds, plan.hold_s,

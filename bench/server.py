@@ -1,4 +1,5 @@
-"""A private, throw-away redis-server on a unix socket in a temp dir.
+"""A private, throw-away redis-server on a unix socket in a temp dir (and a loopback TCP port
+when asked).
 
 The benchmark never talks to a server it did not start: a shared or production server would
 both skew the numbers and be disturbed by them. A unix socket needs no port, so two runs on
@@ -14,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 import redis
 
@@ -29,8 +30,11 @@ def find_redis_server() -> str:
 class RedisServer:
     """Start on ``__enter__``, ``SHUTDOWN NOSAVE`` (then kill if need be) on ``__exit__``."""
 
-    def __init__(self, binary: str | None = None, start_timeout: float = 10.0) -> None:
+    def __init__(self, binary: str | None = None, start_timeout: float = 10.0,
+                 port: int = 0) -> None:
+        """``port``: also listen on loopback TCP there (0: the unix socket only)."""
         self.binary = binary or find_redis_server()
+        self.port = port
         self.start_timeout = start_timeout
         self.dir = Path(tempfile.mkdtemp(prefix="rlock-bench-"))
         self.socket_path = str(self.dir / "redis.sock")
@@ -48,8 +52,17 @@ class RedisServer:
     def client(self) -> redis.Redis:
         return redis.Redis(unix_socket_path=self.socket_path)
 
+    def conn(self, transport: str = "unix") -> dict[str, Any]:
+        """``redis.Redis`` keyword arguments for ``transport``: "unix" or "tcp" (loopback)."""
+        if transport == "unix":
+            return {"unix_socket_path": self.socket_path}
+        if transport == "tcp" and self.port:
+            return {"host": "127.0.0.1", "port": self.port}
+        raise ValueError(f"transport {transport!r} is not served (port {self.port})")
+
     def start(self) -> None:
-        args = [self.binary, "--port", "0", "--unixsocket", self.socket_path,
+        args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
+                "--unixsocket", self.socket_path,
                 "--unixsocketperm", "700", "--save", "", "--appendonly", "no",
                 "--dir", str(self.dir), "--daemonize", "no",
                 "--logfile", str(self.dir / "redis.log")]

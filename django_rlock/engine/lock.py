@@ -270,6 +270,7 @@ class RLock(LockBase):
         if orphan is not None:
             call_once(self._client, RELEASE_SCRIPT, self._release_keys,
                       (orphan.owner, orphan.lease_ms, UNLOCK_MESSAGE))
+        self._handed_over(plan)
 
     release = unlock
 

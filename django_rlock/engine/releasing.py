@@ -98,6 +98,13 @@ class Releasing:
                         owner=plan.k[2], held=time.monotonic() - since, reason="unlock")
         return self._settle(plan, r)
 
+    def _handed_over(self, plan: Release) -> None:
+        """The end of a sync release: if it handed the lock to a waiting thread of ours, block
+        until that heir runs (at most ``HANDOVER_WAIT``), so the lock's next holder is not kept
+        waiting for the interpreter by this thread's own work after ``unlock()``."""
+        if plan.handed is not None and plan.mgr is not None:
+            plan.mgr.hand_over(plan.handed)
+
     def _settle(self, plan: Release, r: int | bytes | str | None) -> pubsub.Waiter | None:
         """Tell the pub/sub side what the release did: hand-off, grant, publish, or nothing."""
         token = r if isinstance(r, (bytes, str)) else None
@@ -111,7 +118,7 @@ class Releasing:
                 if token is not None:
                     # Granted to a registered waiter: if it is one of ours, it owns the lock
                     # now (its grant message, when it comes, finds it served).
-                    mgr.granted(self._channel, token, plan.sent)
+                    plan.handed = mgr.granted(self._channel, token, plan.sent, True)
             finally:
                 # Always settled, or the heir would wait for the outcome forever. An unknown
                 # outcome (r None) is "not granted": the heir's own claim finds out. Not
@@ -120,6 +127,8 @@ class Releasing:
                 if heir is not None and not mgr.resolve(self._channel, heir, r == -1,
                                                         plan.sent):
                     orphan = heir  # it left before the hand-off settled: release for it
+                if heir is not None and r == -1 and orphan is None:
+                    plan.handed = heir
         if published:
             receivers = r - 1
             if mgr is None:
@@ -134,7 +143,7 @@ class Releasing:
 
 
 class Release:
-    __slots__ = ("k", "hold", "lease_ms", "mgr", "heir", "echo", "args", "sent")
+    __slots__ = ("k", "hold", "lease_ms", "mgr", "heir", "echo", "args", "sent", "handed")
 
     def __init__(self, k: HoldKey, hold: Any, lease_ms: int) -> None:
         self.k = k
@@ -145,6 +154,9 @@ class Release:
         self.echo = False
         self.args: tuple[Any, ...] = ()
         self.sent: float | None = None  # when the release went out (a heir's lease starts later)
+        #: The waiter of ours it gave the lock to (``heir``, or a registered one granted by
+        #: token): ``_handed_over`` lets it run first.
+        self.handed: pubsub.Waiter | None = None
 
 
 def be_polite(server: Any, key: str) -> None:

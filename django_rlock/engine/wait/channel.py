@@ -181,8 +181,9 @@ class Channel:
             w.move(State.LEFT)
             self.wake_one()
         else:
-            self.discard(w)
             granted = w.state is State.GRANTED
+            if not granted:  # (a granted waiter is out of the queue already)
+                self.discard(w)
             w.move(State.LEFT)
             if not granted and w.token is not None and self.queue:
                 # Its turn may have been the next grant: one waiter of ours that may not be

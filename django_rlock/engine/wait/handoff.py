@@ -11,6 +11,7 @@ line, or a claim attempt that finds the lock set to us, and is taken once whiche
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -40,6 +41,9 @@ class HandOffs:
         self._token_prefix = identity.process_id().encode()
         #: The earliest ``grant_watch`` of any channel (0: none): the listener wakes for it.
         self.next_watch = 0.0
+        #: Heirs granted by a releasing thread of ours that have not run yet: the lock that
+        #: thread blocks on until they do (``hand_over``, ``took_over``).
+        self._acks: dict[Waiter, threading.Lock] = {}
 
     # -- our own releases (invariant 5) ---------------------------------------------------
     def reserve(self, channel: bytes, key: str,
@@ -124,19 +128,57 @@ class HandOffs:
                 if ch is not None:
                     ch.active -= 1
                     ch.pending = False
-                # The waiter acts only under our lock, so the order within it is free.
-                if not w.wake():
+                if not self._give(w, None, since, True):
                     return False  # its event loop is gone: release on its behalf
-                if w.handoff is not None and w.handoff.on_grant is not None:
-                    # Booked while the waiter cannot yet leave or return.
-                    w.handoff.on_grant(None, since)
-                w.move(State.GRANTED)
             elif not w.signal() and ch is not None:
                 # Released the ordinary way (or not at all): this waiter was to retry first;
                 # it is gone, so the wake passes on.
                 ch.active -= 1
                 ch.wake_one()
             return True
+
+    def _give(self, w: Waiter, grant_ms: int | None, since: float | None,
+              by_release: bool) -> bool:
+        """Under the lock: ``w`` owns the lock now. Book its hold (``on_grant``), mark it
+        granted and wake it; False (nothing booked) if it is gone (its event loop closed).
+        ``by_release``: a releasing thread of ours gave it, and may wait in ``hand_over``.
+
+        The waiter acts only under our lock, so the order within it is free. A thread on a
+        wake line is woken last (its wake cannot fail): by the time it runs, the releasing
+        thread has done its work and blocks in ``hand_over``, and the heir takes the
+        interpreter at once instead of waking a second time for it."""
+        if w.line is None and not w.wake():
+            return False
+        if w.handoff is not None and w.handoff.on_grant is not None:
+            # Booked while the waiter cannot yet leave or return.
+            w.handoff.on_grant(grant_ms, since)
+        w.move(State.GRANTED)
+        if by_release and settings.HANDOVER_WAIT > 0:
+            ack = threading.Lock()
+            ack.acquire()
+            self._acks[w] = ack
+        if w.line is not None:
+            w.wake()
+        return True
+
+    def took_over(self, w: Waiter) -> None:
+        """Under the lock: ``w`` runs and has seen how its hand-off ended; a releasing thread
+        blocked in ``hand_over`` for it goes on."""
+        if self._acks:
+            ack = self._acks.pop(w, None)
+            if ack is not None:
+                ack.release()
+
+    def hand_over(self, w: Waiter) -> None:
+        """After a sync release handed the lock to ``w`` (not under the lock): block until the
+        heir runs, at most ``HANDOVER_WAIT``. Gives the heir the interpreter the moment it
+        wakes; without it, the heir waits for the GIL until this thread next blocks (its next
+        I/O, or the 5 ms switch interval if it computes), and then wakes a second time."""
+        ack = self._acks.get(w)
+        if ack is None or ack.acquire(timeout=settings.HANDOVER_WAIT):
+            return  # (``took_over`` dropped it: no lock taken here, which the heir may hold)
+        with self.channels.lock:
+            self._acks.pop(w, None)
 
     # -- grants from any process's release (invariants 21, 22) ------------------------------
     def join(self, ch: Channel, w: Waiter) -> None:
@@ -152,25 +194,23 @@ class HandOffs:
             self._tokens.pop(w.token, None)
 
     def take_grant(self, ch: Channel, w: Waiter, grant_ms: int | None,
-                   since: float | None = None) -> bool:
+                   since: float | None = None, by_release: bool = False) -> bool:
         """Under the lock: ``w`` was granted the lock in Redis; it owns it from now on. Books
-        the hold (``on_grant``) before the waiter can see it. False if the waiter is gone.
-        ``since``: the grant was made then at the earliest (None: when the wait began,
-        invariant 31)."""
+        the hold (``on_grant``) before the waiter can see it. False if the waiter is gone
+        (its event loop closed: the grant's short lease ends it). ``since``: the grant was
+        made then at the earliest (None: when the wait began, invariant 31). ``by_release``:
+        the grant is our own release's reply (``hand_over`` may follow)."""
         ch.take_out(w)
         w.registered = False
-        if not w.wake():
-            return False  # its event loop closed: the grant's short lease ends it
-        if w.handoff is not None and w.handoff.on_grant is not None:
-            w.handoff.on_grant(grant_ms, since)
-        w.move(State.GRANTED)
-        return True
+        return self._give(w, grant_ms, since, by_release)
 
-    def granted(self, channel: bytes, token: Any, since: float | None = None) -> None:
+    def granted(self, channel: bytes, token: Any, since: float | None = None,
+                by_release: bool = False) -> Waiter | None:
         """A release (ours, or another process's, through the grant channel or a wake line)
         granted the lock to ``token``: if the waiter is ours, it owns the lock now, without a
         command. ``since``: our own release's send time (else the grant counts from the wait's
-        start, invariant 31)."""
+        start, invariant 31). ``by_release``: it is our own release's reply; returns the
+        waiter it went to, if this call gave it the lock (for ``hand_over``)."""
         if isinstance(token, str):
             token = token.encode()
         now = time.monotonic()
@@ -189,11 +229,14 @@ class HandOffs:
                     ch.grant_watch = now + settings.GRANT_WATCH
                     if not self.next_watch or ch.grant_watch < self.next_watch:
                         self.next_watch = ch.grant_watch
-                return
+                return None
             ch.grant_watch = 0.0
             if w.state in (State.GRANTED, State.RESERVED, State.ACQUIRED):
-                return  # taken already; or our own release's heir, which ``resolve`` settles
-            self.take_grant(ch, w, w.handoff.grant_ms if w.handoff else None, since)
+                return None  # taken already; or our own release's heir, which ``resolve`` settles
+            if self.take_grant(ch, w, w.handoff.grant_ms if w.handoff else None, since,
+                               by_release):
+                return w
+            return None
 
     def prune_early(self, now: float) -> None:
         """Under the lock (housekeeping): drop early grants nobody came for."""

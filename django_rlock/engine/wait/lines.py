@@ -80,13 +80,12 @@ class WakeLine:
     """The calling thread's subscription connection and the pipe others wake it through."""
 
     __slots__ = ("conn", "owner", "ident", "_client", "_rfd", "_wfd", "_retry_at",
-                 "_finalizer", "_poked", "__weakref__")
+                 "_finalizer", "__weakref__")
 
     def __init__(self, client: Any, owner: str) -> None:
         self._client = client
         self.owner = owner
         self.ident = threading.get_ident()  # the one thread that reads and parks on it
-        self._poked = False
         self.conn = _subscribe(client, owner)
         self._retry_at = 0.0
         self._rfd, self._wfd = os.pipe()
@@ -127,21 +126,18 @@ class WakeLine:
         itself, booking a grant it read, needs no poke: it looks at ``pending`` next)."""
         if threading.get_ident() == self.ident:
             return
-        self._poked = True
         try:
             os.write(self._wfd, b"x")
         except OSError:  # the pipe is full (a wake is pending anyway) or closed
             pass
 
-    def _drain(self, ready: bool = False) -> None:
-        """Empty the pipe. ``ready``: poll saw it readable, so read whatever the flag says (a
-        poke may set the flag, be drained early, then write its byte: left there, that byte
-        would make every later poll return at once, a spin)."""
-        if not (ready or self._poked):
-            return
-        self._poked = False
+    def _drain(self) -> None:
+        """Empty the pipe (poll saw it readable). Only here: a poke's byte left in it (its
+        waiter returned without reading it) makes the next park's poll return at once, and
+        that park reads it then and sleeps on."""
         try:
-            while os.read(self._rfd, 512):
+            # A short read emptied it: no second read to hear EAGAIN.
+            while len(os.read(self._rfd, 512)) == 512:
                 pass
         except OSError:  # nothing left (EAGAIN)
             pass
@@ -156,8 +152,9 @@ class WakeLine:
         ready = False  # poll just saw the line readable: read without polling it again
         while True:
             if waiter.pending:
+                # The pipe is left as it is (a heir returns with the lock, and a read is a
+                # syscall): a poke's byte still there is drained by the next park's poll.
                 waiter.pending = False
-                self._drain()
                 return
             if not self.alive and self._reopen():
                 return  # a spurious wake: the waiter's next attempt puts it back in line
@@ -195,10 +192,10 @@ class WakeLine:
                 self._broken(exc)
                 continue
             for fd, _ in events:
-                if fd == self._rfd:
-                    self._drain(ready=True)
-                else:
+                if fd != self._rfd:
                     ready = True
+                elif not waiter.pending:
+                    self._drain()
 
     def _message(self, reply: Any, waiter: Any, deliver: Callable[[bytes], Any]) -> None:
         if not isinstance(reply, list) or len(reply) < 3:

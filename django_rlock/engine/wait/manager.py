@@ -136,9 +136,15 @@ class PubSubManager:
         """Settle a reservation; False: the heir left meanwhile, release for it."""
         return self.handoffs.resolve(channel, w, granted, since)
 
-    def granted(self, channel: bytes, token: Any, since: float | None = None) -> None:
-        """A release granted the lock to ``token`` (invariant 22)."""
-        self.handoffs.granted(channel, token, since)
+    def hand_over(self, heir: Waiter) -> None:
+        """A sync release handed the lock to ``heir``: let it run first (bounded)."""
+        self.handoffs.hand_over(heir)
+
+    def granted(self, channel: bytes, token: Any, since: float | None = None,
+                by_release: bool = False) -> Waiter | None:
+        """A release granted the lock to ``token`` (invariant 22); ``by_release``: our own
+        release's reply (returns the waiter of ours it went to, for ``hand_over``)."""
+        return self.handoffs.granted(channel, token, since, by_release)
 
 
 # -- per-process state: one manager per server, reset in a forked child ---------------------

@@ -36,6 +36,11 @@ GRANT_WATCH = GRANT_LEASE + 0.1
 #: Seconds a grant to a token of ours is kept for a waiter that has not joined its queue yet
 #: (its first attempt raced the release, invariant 22).
 EARLY_KEEP = 10.0
+#: After handing the lock to a waiting thread of this process, the releasing thread blocks up
+#: to this long (seconds) until that heir runs, so the heir takes the interpreter (the GIL) as
+#: soon as it wakes instead of waiting for the releaser to block or for the 5 ms switch
+#: interval (0: never wait). Only a sync release waits; an asyncio one never blocks its loop.
+HANDOVER_WAIT = 0.002
 
 # -- the wait loop (``loop``) --------------------------------------------------------------
 #: Longest a waiter waits for its SUBSCRIBE to be confirmed before relying on its bound alone.

@@ -163,6 +163,9 @@ class Slot:
     def _leave_locked(self) -> bool:
         w = self.waiter
         granted = w.state is State.GRANTED
+        # Its wait is over: a releasing thread that waits for this heir to run goes on now,
+        # not earlier (woken sooner, it would take a core, even the heir's, for nothing).
+        self.handoffs.took_over(w)
         self.handoffs.forget(w)
         self.channel.leave(w)
         return granted
