@@ -1,0 +1,193 @@
+"""Who waits for a lock, semaphore, latch, leadership or limiter, and since when (invariant 40).
+
+Each waiter has a record in a hash beside the key, in its slot: ``token -> "<deadline ms>
+<grant ms> <holder info>"``. The kinds that hand off keep it in their hand-off waiters hash
+(``naming.handoff_waiters``, written by ``acquire.lua``'s registration); every other kind in
+``naming.waiting_key``, written by the *same* attempt its wait loop sends anyway: the kind's
+acquire script run inside a wrapper (``noting``) that writes the record while the reply says
+"still waiting" and removes it once it says anything else. The first attempt of an acquire
+is never wrapped: an uncontended acquire costs what it did, and a waiter shows from its first
+retry on, which the loop sends at once.
+
+The holder info is an index entry (``identity.thread_info`` / ``task_info``) stamped with the
+server's TIME of the wait's first record (a re-write keeps it): "waiting since" needs no host
+clock. A record's deadline is the waiter's budget, or the bound of its park (the holder's PTTL,
+the kind's recheck) plus a slack, whichever ends first: a waiter that gave up on its budget
+is not listed past it, one that died not past its bound, and the hash expires with its
+longest record. Listing reads these hashes in the pipeline it sends anyway (``read``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from . import identity
+from .lockinfo import parse_entry, text
+from .lua import Script, source
+from .naming import handoff_waiters, waiting_key
+
+#: A record outlives the bound of its waiter's park by this much (ms): the waiter writes it
+#: again on its next attempt, well before.
+SLACK_MS = 5000
+#: The longest a waiter whose attempt gives no bound is listed without writing again (ms).
+UNBOUNDED_MS = 60_000
+#: Waiters listed per lock at most.
+MAX_LISTED = 1000
+
+_serials = itertools.count(1)
+_wrapped: dict[tuple[str, str, str], Script] = {}
+
+
+def noting(script: Script, waiting: str, ttl: str = "nil") -> Script:
+    """``script`` run as a waiter's attempt: its KEYS and ARGV, then the waiting hash as one
+    more KEY and the record's five ARGV (``Note.args``). ``waiting`` is a Lua test of the
+    kind's ``reply`` (true: the caller still waits), ``ttl`` a Lua expression of how long
+    (ms) the reply says the wait may last before the next attempt."""
+    k = (script.sha, waiting, ttl)
+    found = _wrapped.get(k)
+    if found is None:
+        src = ("local nk, na = #KEYS - 1, #ARGV - 5\n"
+               "local function attempt(KEYS, ARGV)\n" + script.source + "\nend\n"
+               "local reply = attempt({unpack(KEYS, 1, nk)}, {unpack(ARGV, 1, na)})\n"
+               + source("_waiting", WAITING=waiting, TTL=ttl))
+        found = _wrapped[k] = Script(src)
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class Note:
+    """One wait's record: its token, its budget's end (monotonic; None: none), what it says
+    about the waiter, and how long a park of its may last without an attempt (ms)."""
+
+    key: str
+    token: str
+    deadline: float | None
+    info: str
+    bound_ms: int = UNBOUNDED_MS
+
+    def args(self) -> tuple[Any, ...]:
+        budget = (-1 if self.deadline is None
+                  else max(0, math.ceil((self.deadline - time.monotonic()) * 1000)))
+        return (self.token, budget, self.bound_ms, SLACK_MS, self.info)
+
+    def wrap(self, script: Script, keys: Sequence[Any], args: Sequence[Any], waiting: str,
+             ttl: str = "nil") -> tuple[Script, tuple[Any, ...], tuple[Any, ...]]:
+        """The attempt ``script(keys, args)`` carrying this record."""
+        return (noting(script, waiting, ttl), (*keys, waiting_key(self.key)),
+                (*args, *self.args()))
+
+
+def note(key: str, deadline: float | None, *, owner: str | None = None, aio: bool = False,
+         info: str | None = None, bound: float | None = None) -> Note:
+    """A record for the calling thread (``aio``: task) waiting for ``key``. ``owner``: its
+    hash field if the kind has one (else the thread's or task's owner id); ``bound``: the
+    longest park of the wait without an attempt (seconds; None: ``UNBOUNDED_MS``)."""
+    if owner is None:
+        owner = identity.task_owner() if aio else identity.thread_owner()
+    if info is None:
+        info = identity.task_info(owner) if aio else identity.thread_info(owner)
+    bound_ms = UNBOUNDED_MS if bound is None else max(1, math.ceil(bound * 1000))
+    return Note(key, f"{owner}#n{next(_serials)}", deadline, info, bound_ms)
+
+
+def noted(n: Note | None, script: Script, keys: Sequence[Any], args: Sequence[Any],
+          waiting: str, ttl: str = "nil") -> tuple[Script, tuple[Any, ...], tuple[Any, ...]]:
+    """``(script, keys, args)`` as sent: wrapped when ``n`` (a retry), as is otherwise."""
+    if n is None:
+        return script, tuple(keys), tuple(args)
+    return n.wrap(script, keys, args, waiting, ttl)
+
+
+# -- reading (listing) -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Waiter:
+    """One owner waiting for a lock: who (as ``lockinfo.Holder``), since when (seconds since
+    the epoch, server time) and for how long so far."""
+
+    client_id: str
+    thread_id: int | None
+    host: str | None
+    pid: int | None
+    process: str | None
+    thread: str | None
+    since: float
+    waiting_for: float
+
+    @property
+    def owner(self) -> str:
+        return self.client_id if self.thread_id is None else f"{self.client_id}:{self.thread_id}"
+
+    def as_dict(self) -> dict[str, Any]:
+        """The keys of ``Holder.as_dict`` (no holds yet: ``hold_count`` 0, ``held_for``
+        null), with ``since`` and ``waiting_for``."""
+        return {"client_id": self.client_id, "thread_id": self.thread_id, "hold_count": 0,
+                "host": self.host, "pid": self.pid, "process": self.process,
+                "thread": self.thread, "held_for": None, "since": round(self.since, 3),
+                "waiting_for": round(self.waiting_for, 3)}
+
+    def describe(self) -> str:
+        """One line: ``<owner> (worker pid 12 on web-1, thread T, waiting 2.5 s)``."""
+        return (f"{self.owner} ({self.process} pid {self.pid} on {self.host}, thread "
+                f"{self.thread}, waiting {self.waiting_for:.1f} s)")
+
+
+def _owner_of(token: str, info: dict[str, Any]) -> tuple[str, int | None]:
+    field = token.partition("#")[0] or str(info.get("owner_short") or info.get("owner") or "?")
+    head, sep, serial = field.rpartition(":")
+    if sep and serial.isdigit():
+        return head, int(serial)
+    return field, None
+
+
+def parse(raw: Any, now_ms: float) -> list[Waiter]:
+    """The live waiters in a waiters hash (an HGETALL reply), longest waiting first. Records
+    past their deadline (a waiter that gave up or died) and the hash's own bookkeeping fields
+    (``=owner``, ``!turn``) are skipped."""
+    if not isinstance(raw, dict):
+        return []
+    out = []
+    for f, v in raw.items():
+        token, value = text(f), text(v)
+        if not token or value is None or token[0] in "=!":
+            continue
+        deadline, _, rest = value.partition(" ")
+        _, _, info_raw = rest.partition(" ")
+        if not deadline.isdigit() or int(deadline) <= now_ms:
+            continue
+        parsed = parse_entry(info_raw)
+        if parsed is None:
+            continue
+        since, info = parsed
+        client_id, thread_id = _owner_of(token, info)
+        pid = info.get("pid")
+        out.append(Waiter(client_id, thread_id, _str(info.get("host")),
+                          pid if isinstance(pid, int) else None, _str(info.get("process")),
+                          _str(info.get("thread")), since, max(0.0, now_ms / 1000.0 - since)))
+    out.sort(key=lambda w: w.since)
+    return out[:MAX_LISTED]
+
+
+def _str(v: Any) -> str | None:
+    return v if isinstance(v, str) else None
+
+
+def read_commands(key: str, hand_off: bool) -> list[Callable[[Any], Any]]:
+    """What listing adds to its pipeline for ``key``: an HGETALL per waiters hash."""
+    names = [waiting_key(key)] + ([handoff_waiters(key)] if hand_off else [])
+    return [lambda pipe, n=n: pipe.hgetall(n) for n in names]
+
+
+def from_replies(replies: Sequence[Any], now_ms: float) -> tuple[Waiter, ...]:
+    """The waiters of one lock from its ``read_commands`` replies."""
+    found = [w for r in replies for w in parse(r, now_ms)]
+    found.sort(key=lambda w: w.since)
+    return tuple(found[:MAX_LISTED])
+
+
+__all__ = ["SLACK_MS", "UNBOUNDED_MS", "Note", "Waiter", "from_replies", "note", "noted",
+           "noting", "parse", "read_commands"]
