@@ -136,7 +136,7 @@ class AsyncRLock(LockBase):
         keys = self._acquire_keys
         script = None
         if isinstance(reg, waiters.Note):  # a kind without a hand-off: its waiter record
-            script, keys, args = self._sent(keys, args, reg)
+            script, keys, args = waiters.noted(reg, self._ACQUIRE, keys, args, *self._WAITING)
         elif reg is not None:
             args = args[:4] + self._register_args(reg[0], reg[1], self._grant_ms(lease_ms))
             keys = self._wait_keys
@@ -304,9 +304,14 @@ class AsyncRLock(LockBase):
         async def verify() -> bool:
             return await self._verified(k)
 
-        got = await waiting.await_(self._waiting(k, lease_ms, t0, token, registered), attempt,
-                                   wait, self.unlock, park_until,
-                                   None if token is None else withdraw, verify)
+        try:
+            got = await waiting.await_(self._waiting(k, lease_ms, t0, token, registered),
+                                       attempt, wait, self.unlock, park_until,
+                                       None if token is None else withdraw, verify)
+        except BaseException:
+            if isinstance(reg, waiters.Note):  # a kind without a hand-off: its record out
+                await asyncio.shield(waiters.aforget(self._client, reg))
+            raise
         top_up = self._top_up(k) if got else None
         if top_up is not None:
             await acall_once(self._client, RENEW_SCRIPT, (self.key,), top_up)

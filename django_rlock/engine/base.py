@@ -90,7 +90,7 @@ def check_name(name: Any) -> str:
     return name
 
 
-class LockBase(releasing.Releasing, SlotBound):
+class LockBase(releasing.Releasing, waiters.Noting, SlotBound):
     """What the sync and asyncio locks share: validation, names, and the bookkeeping around
     each round trip (the hold registry, the waiter queues, the hand-off). Subclasses do I/O.
 
@@ -115,9 +115,6 @@ class LockBase(releasing.Releasing, SlotBound):
     _WAKES: Callable[[Any], int] | None = None
     #: Longest park when an attempt gives no bound (-1), if any.
     _RECHECK: float | None = None
-    #: A waiter's record, for a kind without a hand-off (``waiters.noting``): Lua tests of the
-    #: acquire's ``reply``: still waiting, and how long (ms) it may park before its next try.
-    _WAITING: tuple[str, str] = ("type(reply) == 'number'", "reply")
     #: Renewal and end-of-owner release of this kind's holds (None: the lock's own).
     _hold_kind: HoldKind | None = None
     #: Runs on a ``RedisCluster`` (on the node of its key's slot); an asyncio one if ``_AIO``.
@@ -225,19 +222,6 @@ class LockBase(releasing.Releasing, SlotBound):
         """ARGV[5:] of an attempt that registers the caller if it fails."""
         budget = -1 if deadline is None else max(0, math.ceil((deadline - time.monotonic()) * 1000))
         return (token, budget, REGISTRATION_SLACK_MS, grant_ms)
-
-    def _note(self, k: HoldKey, deadline: float | None) -> waiters.Note | None:
-        """The record a wait's retries carry, for a kind without a hand-off (whose
-        registration is the record: ``acquire.lua``); None for the hand-off kinds."""
-        if self._HANDOFF:
-            return None
-        return waiters.note(self.key, deadline, owner=k[2], info=self._info(k[2]),
-                            bound=self._RECHECK)
-
-    def _sent(self, keys: tuple[Any, ...], args: tuple[Any, ...],
-              note: waiters.Note | None) -> tuple[Script, tuple[Any, ...], tuple[Any, ...]]:
-        """The acquire as sent: with ``note``, wrapped to carry the waiter's record."""
-        return waiters.noted(note, self._ACQUIRE, keys, args, *self._WAITING)
 
     def _new_token(self, field: str, direct: bool = False) -> str:
         """A wait's name in the hand-off queue; ``direct``: its thread hears grants on its own

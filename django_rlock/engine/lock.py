@@ -136,7 +136,7 @@ class RLock(LockBase):
         keys = self._acquire_keys
         script = self._ACQUIRE
         if isinstance(reg, waiters.Note):  # a kind without a hand-off: its waiter record
-            script, keys, args = self._sent(keys, args, reg)
+            script, keys, args = waiters.noted(reg, self._ACQUIRE, keys, args, *self._WAITING)
         elif reg is not None:
             args = args[:4] + self._register_args(reg[0], reg[1], self._grant_ms(lease_ms))
             keys = self._wait_keys
@@ -220,9 +220,14 @@ class RLock(LockBase):
               deadline: float | None = None, line: Any = None) -> bool:
         if token is None:
             note = self._note(k, deadline)
-            return waiting.wait(self._waiting(k, lease_ms, t0),
-                                lambda claim: self._attempt(k, lease_ms, t0, claim, note),
-                                wait, self.unlock, park_until, verify=lambda: self._verified(k))
+            try:
+                return waiting.wait(self._waiting(k, lease_ms, t0),
+                                    lambda claim: self._attempt(k, lease_ms, t0, claim, note),
+                                    wait, self.unlock, park_until,
+                                    verify=lambda: self._verified(k))
+            except BaseException:
+                waiters.forget(self._client, note)
+                raise
 
         def withdraw() -> None:
             try:

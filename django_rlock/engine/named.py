@@ -167,7 +167,11 @@ class Named(SlotBound):
                             "", t0)
             return False
         note = self._note(t0, budget)
-        return waiting.wait(self._wait(t0), lambda claim: attempt(note), budget)
+        try:
+            return waiting.wait(self._wait(t0), lambda claim: attempt(note), budget)
+        except BaseException:
+            waiters.forget(self._client, note)
+            raise
 
     async def _awaits(self, attempt: Callable[..., Awaitable[int | None]],
                       budget: float | None) -> bool:
@@ -183,7 +187,11 @@ class Named(SlotBound):
         async def again(claim: bool) -> int | None:
             return await attempt(note)
 
-        return await waiting.await_(self._wait(t0), again, budget)
+        try:
+            return await waiting.await_(self._wait(t0), again, budget)
+        except BaseException:
+            await asyncio.shield(waiters.aforget(self._client, note))
+            raise
 
 
 async def uncancellable(send: Callable[[], Awaitable[int | None]],

@@ -103,6 +103,45 @@ def noted(n: Note | None, script: Script, keys: Sequence[Any], args: Sequence[An
     return n.wrap(script, keys, args, waiting, ttl)
 
 
+def forget(client: Any, n: Note | None) -> None:
+    """Take the record of a wait that ended by an exception (stopped, interrupted, a lost
+    connection) out at once: a round trip where no attempt is sent any more (a wait that timed
+    out needs none: its record's deadline is its budget's end). Never raises."""
+    if n is not None:
+        try:
+            client.hdel(waiting_key(n.key), n.token)
+        except Exception:
+            pass  # it ends at its deadline
+
+
+async def aforget(client: Any, n: Note | None) -> None:
+    """``forget`` on an asyncio client."""
+    if n is not None:
+        try:
+            await client.hdel(waiting_key(n.key), n.token)
+        except Exception:
+            pass
+
+
+class Noting:
+    """What a lock kind (``base.LockBase``, which provides ``key``, ``_HANDOFF``, ``_info`` and
+    ``_RECHECK``) adds for its waiters' records."""
+
+    key: str
+    _HANDOFF: bool
+    _RECHECK: float | None
+    _info: Callable[[str], str]
+    #: Lua tests of the acquire's ``reply`` (``noting``): still waiting; ms to the next try.
+    _WAITING: tuple[str, str] = ("type(reply) == 'number'", "reply")
+
+    def _note(self, k: tuple[Any, str, str], deadline: float | None) -> Note | None:
+        """The record the retries of a wait carry, for a kind without a hand-off (a hand-off
+        kind's registration is its record: ``acquire.lua``)."""
+        if self._HANDOFF:
+            return None
+        return note(self.key, deadline, owner=k[2], info=self._info(k[2]), bound=self._RECHECK)
+
+
 # -- reading (listing) -------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Waiter:
@@ -189,5 +228,5 @@ def from_replies(replies: Sequence[Any], now_ms: float) -> tuple[Waiter, ...]:
     return tuple(found[:MAX_LISTED])
 
 
-__all__ = ["SLACK_MS", "UNBOUNDED_MS", "Note", "Waiter", "from_replies", "note", "noted",
-           "noting", "parse", "read_commands"]
+__all__ = ["SLACK_MS", "UNBOUNDED_MS", "Note", "Noting", "Waiter", "aforget", "forget",
+           "from_replies", "note", "noted", "noting", "parse", "read_commands"]
