@@ -224,7 +224,8 @@ class RLock(LockBase):
                 return waiting.wait(self._waiting(k, lease_ms, t0),
                                     lambda claim: self._attempt(k, lease_ms, t0, claim, note),
                                     wait, self.unlock, park_until,
-                                    verify=lambda: self._verified(k))
+                                    verify=lambda: self._verified(k),
+                                    parked=self._parked(k, deadline, park_until, self._client))
             except BaseException:
                 waiters.forget(self._client, note)
                 raise
@@ -244,7 +245,8 @@ class RLock(LockBase):
             wakeline.open_line(self._sync_client, k[2])
         got = waiting.wait(self._waiting(k, lease_ms, t0, token, registered, line),
                            lambda claim: self._attempt(k, lease_ms, t0, claim, (token, deadline)),
-                           wait, self.unlock, park_until, withdraw, lambda: self._verified(k))
+                           wait, self.unlock, park_until, withdraw, lambda: self._verified(k),
+                           self._parked(k, deadline, park_until, self._client))
         top_up = self._top_up(k) if got else None
         if top_up is not None:
             call_once(self._client, RENEW_SCRIPT, (self.key,), top_up)

@@ -19,6 +19,7 @@ longest record. Listing reads these hashes in the pipeline it sends anyway (``re
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import time
@@ -30,6 +31,7 @@ from . import identity
 from .lockinfo import parse_entry, text
 from .lua import Script, source
 from .naming import handoff_waiters, waiting_key
+from .scripts import acall_once, call_once
 
 #: A record outlives the bound of its waiter's park by this much (ms): the waiter writes it
 #: again on its next attempt, well before.
@@ -38,6 +40,11 @@ SLACK_MS = 5000
 UNBOUNDED_MS = 60_000
 #: Waiters listed per lock at most.
 MAX_LISTED = 1000
+#: A wait that parks before its first attempt (behind a waiter of its own process, which
+#: hands the lock on in order) is recorded once it has parked this long (seconds): one round
+#: trip where no attempt is sent, and one more to take it out when the wait ends. A hand-off
+#: inside a process is over long before: it never pays them.
+PARKED_AFTER = 1.0
 
 _serials = itertools.count(1)
 _wrapped: dict[tuple[str, str, str], Script] = {}
@@ -103,6 +110,37 @@ def noted(n: Note | None, script: Script, keys: Sequence[Any], args: Sequence[An
     return n.wrap(script, keys, args, waiting, ttl)
 
 
+class Parked:
+    """The record of a wait parked before its first attempt (``wait.loop``): written once it
+    has parked ``PARKED_AFTER``, valid until its park's end plus the slack (or its budget),
+    taken out when the wait ends (its retries, if any, write it again meanwhile)."""
+
+    def __init__(self, client: Any, n: Note) -> None:
+        self.client, self.note, self.written = client, n, False
+
+    def _call(self, bound: float) -> tuple[Script, tuple[Any, ...], tuple[Any, ...]]:
+        self.written = True
+        n = dataclasses.replace(self.note, bound_ms=max(1, math.ceil(bound * 1000)))
+        return n.wrap(_PARKED, (), (), "reply == 1")
+
+    def write(self, bound: float) -> None:
+        call_once(self.client, *self._call(bound))
+
+    async def awrite(self, bound: float) -> None:
+        await acall_once(self.client, *self._call(bound))
+
+    def forget(self) -> None:
+        if self.written:
+            forget(self.client, self.note)
+
+    async def aforget(self) -> None:
+        if self.written:
+            await aforget(self.client, self.note)
+
+
+_PARKED = Script(source("wait_parked"))
+
+
 def forget(client: Any, n: Note | None) -> None:
     """Take the record of a wait that ended by an exception (stopped, interrupted, a lost
     connection) out at once: a round trip where no attempt is sent any more (a wait that timed
@@ -140,6 +178,13 @@ class Noting:
         if self._HANDOFF:
             return None
         return note(self.key, deadline, owner=k[2], info=self._info(k[2]), bound=self._RECHECK)
+
+    def _parked(self, k: tuple[Any, str, str], deadline: float | None, park_until: float,
+                client: Any) -> Parked | None:
+        """The record of a wait that parks before its first attempt (``park_until``)."""
+        if not park_until:
+            return None
+        return Parked(client, note(self.key, deadline, owner=k[2], info=self._info(k[2])))
 
 
 # -- reading (listing) -------------------------------------------------------------------------
@@ -225,8 +270,11 @@ def from_replies(replies: Sequence[Any], now_ms: float) -> tuple[Waiter, ...]:
     """The waiters of one lock from its ``read_commands`` replies."""
     found = [w for r in replies for w in parse(r, now_ms)]
     found.sort(key=lambda w: w.since)
-    return tuple(found[:MAX_LISTED])
+    # One owner waits once: a wait parked first may be in both hashes for a moment.
+    once = {(w.client_id, w.thread_id): w for w in reversed(found)}
+    return tuple(sorted(once.values(), key=lambda w: w.since)[:MAX_LISTED])
 
 
-__all__ = ["SLACK_MS", "UNBOUNDED_MS", "Note", "Noting", "Waiter", "aforget", "forget",
-           "from_replies", "note", "noted", "noting", "parse", "read_commands"]
+__all__ = ["PARKED_AFTER", "SLACK_MS", "UNBOUNDED_MS", "Note", "Noting", "Parked", "Waiter",
+           "aforget", "forget", "from_replies", "note", "noted", "noting", "parse",
+           "read_commands"]

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -200,6 +201,37 @@ def test_a_standby_that_stands_down_is_gone_at_once(r: redis.Redis) -> None:
     finally:
         standby.stop(10)
         holder.stop(10)
+
+
+@pytest.mark.parametrize("kind", ["lock", "fair"])
+def test_waiters_queued_behind_a_waiter_of_their_own_process_are_listed_too(
+        r: redis.Redis, kind: str) -> None:
+    # The process's first waiter attempts; the others park in its queue (the lock is handed
+    # on in order inside the process) and send nothing: their record is written after
+    # PARKED_AFTER, and taken out as each one's wait ends.
+    b = Blocker(r, kind, "queued")
+    b.block()
+    done: list[str] = []
+
+    def wait_one() -> None:
+        lk = type(b.obj)(r, "queued", PREFIX)
+        if lk.try_lock(30):
+            done.append(threading.current_thread().name)
+            lk.unlock()
+
+    threads = [threading.Thread(target=wait_one, name=f"queued-{i}", daemon=True)
+               for i in range(3)]
+    for t in threads:
+        t.start()
+        time.sleep(0.1)
+    found = until_listed(r, "queued", 3)
+    assert sorted(w.thread or "" for w in found) == ["queued-0", "queued-1", "queued-2"]
+    assert all(w.pid == os.getpid() for w in found)
+    b.unblock()
+    for t in threads:
+        t.join(30)
+    assert sorted(done) == ["queued-0", "queued-1", "queued-2"]
+    assert waiters_of(r, "queued") == ()
 
 
 def test_since_is_the_first_attempt_and_stays_across_retries(

@@ -20,6 +20,7 @@ from typing import Any
 
 from .. import events
 from ..scripts import CLAIMED
+from ..waiters import PARKED_AFTER, Parked
 from . import settings
 from .channel import WakePolicy
 from .manager import PubSubManager, manager
@@ -106,17 +107,38 @@ def _over(deadline: float | None) -> bool:
     return deadline is not None and time.monotonic() >= deadline
 
 
+def _first_park(slot: Slot, end: float, parked: Parked | None) -> bool:
+    """The park before a wait's first attempt; one that lasts ``PARKED_AFTER`` writes the
+    waiter's record (invariant 40), since no attempt carries it."""
+    if parked is None or end - time.monotonic() <= PARKED_AFTER:
+        return slot.park(end - time.monotonic())
+    if slot.park(PARKED_AFTER):
+        return True
+    parked.write(end - time.monotonic())
+    return slot.park(end - time.monotonic())
+
+
+async def _afirst_park(slot: Slot, end: float, parked: Parked | None) -> bool:
+    if parked is None or end - time.monotonic() <= PARKED_AFTER:
+        return await slot.apark(end - time.monotonic())
+    if await slot.apark(PARKED_AFTER):
+        return True
+    await parked.awrite(end - time.monotonic())
+    return await slot.apark(end - time.monotonic())
+
+
 def wait(w: Wait, attempt: Callable[[bool], int | None], budget: float | None,
          give_back: Callable[[], Any] | None = None, park_until: float = 0.0,
          withdraw: Callable[[], Any] | None = None,
-         verify: Callable[[], bool] | None = None) -> bool:
+         verify: Callable[[], bool] | None = None, parked: Parked | None = None) -> bool:
     """Wait for ``attempt`` to succeed within ``budget`` seconds (None: forever).
 
     ``give_back`` undoes a hand-off that reached us as we gave up (RLock's only, invariant 7);
     ``withdraw`` takes our entry out of the cross-process hand-off queue (or gives back the
     grant that raced with our giving up, invariant 24). ``verify()`` decides whether a grant
     booked for us may be returned as a hold (invariant 31): False means it was gone in Redis
-    and is unbooked; the wait goes on.
+    and is unbooked; the wait goes on. ``parked``: the waiter's record, written if the park
+    before its first attempt (``park_until``) lasts, taken out as it ends (invariant 40).
     """
     deadline = None if budget is None else time.monotonic() + budget
     sub_timeout = settings.SUBSCRIBE_TIMEOUT
@@ -133,7 +155,7 @@ def wait(w: Wait, attempt: Callable[[bool], int | None], budget: float | None,
             slot.confirmed.wait(sub_timeout)
         if park_until:
             end = park_until if deadline is None else min(park_until, deadline)
-            acquired = slot.park(end - time.monotonic())
+            acquired = _first_park(slot, end, parked)
         while True:
             while not acquired:
                 if slot.begin_attempt():
@@ -165,6 +187,8 @@ def wait(w: Wait, attempt: Callable[[bool], int | None], budget: float | None,
         granted = slot.leave()
         if events.listeners:
             _ended(w, acquired, ended, granted)
+        if parked is not None:
+            parked.forget()
         if not acquired:
             try:
                 if granted and give_back is not None:
@@ -180,7 +204,8 @@ async def await_(w: Wait, attempt: Callable[[bool], Awaitable[int | None]],
                  budget: float | None, give_back: Callable[[], Awaitable[Any]] | None = None,
                  park_until: float = 0.0,
                  withdraw: Callable[[], Awaitable[Any]] | None = None,
-                 verify: Callable[[], Awaitable[bool]] | None = None) -> bool:
+                 verify: Callable[[], Awaitable[bool]] | None = None,
+                 parked: Parked | None = None) -> bool:
     """``wait`` for an asyncio task: it parks on its own loop, never on a thread."""
     deadline = None if budget is None else time.monotonic() + budget
     sub_timeout = settings.SUBSCRIBE_TIMEOUT
@@ -201,7 +226,7 @@ async def await_(w: Wait, attempt: Callable[[bool], Awaitable[int | None]],
                 pass
         if park_until:
             end = park_until if deadline is None else min(park_until, deadline)
-            acquired = await slot.apark(end - time.monotonic())
+            acquired = await _afirst_park(slot, end, parked)
         while True:
             while not acquired:
                 if await slot.abegin_attempt():
@@ -233,6 +258,8 @@ async def await_(w: Wait, attempt: Callable[[bool], Awaitable[int | None]],
         granted = await slot.aleave()
         if events.listeners:
             _ended(w, acquired, ended, granted)
+        if parked is not None:
+            await asyncio.shield(parked.aforget())
         if not acquired:
             # Handed the lock just as we gave up (budget spent, cancelled): give it back
             # ourselves, now, as its owner (invariant 7); or take our place in line back
