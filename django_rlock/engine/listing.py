@@ -56,6 +56,7 @@ from .naming import (
     HANDOFF_WAITERS_PREFIX,
     INDEX_PREFIX,
     TOKEN_PREFIX,
+    WAITING_PREFIX,
     index_key,
     prefix_name,
     suffix_name,
@@ -85,7 +86,8 @@ _GLOB_SPECIAL = re.compile(r"([\\*?\[\]])")
 # Keys the kinds keep next to their main key: never listed as locks of their own.
 _AUX_PREFIXES = tuple(p + ":" for p in (FAIR_QUEUE_PREFIX, FAIR_TIMEOUT_PREFIX, TOKEN_PREFIX,
                                         "redisson_unlock_latch", INDEX_PREFIX)) + tuple(
-    p + sep for p in (HANDOFF_QUEUE_PREFIX, HANDOFF_WAITERS_PREFIX) for sep in ":!")
+    p + sep for p in (HANDOFF_QUEUE_PREFIX, HANDOFF_WAITERS_PREFIX, WAITING_PREFIX)
+    for sep in ":!")
 # A read hold's timeout string, ``{key}:<owner>:rwlock_timeout:<k>``. (A permit zset
 # ``{key}:timeout`` is neither hash nor string, so never a candidate.)
 _AUX_NAME = re.compile(r".+:\d+:rwlock_timeout:\d+", re.DOTALL)
