@@ -109,20 +109,25 @@ def _over(deadline: float | None) -> bool:
 
 def _first_park(slot: Slot, end: float, parked: Parked | None) -> bool:
     """The park before a wait's first attempt; one that lasts ``PARKED_AFTER`` writes the
-    waiter's record (invariant 40), since no attempt carries it."""
-    if parked is None or end - time.monotonic() <= PARKED_AFTER:
-        return slot.park(end - time.monotonic())
-    if slot.park(PARKED_AFTER):
-        return True
+    waiter's record (invariant 40), since no attempt carries it, and parks on. A park that
+    returns early was woken: the wait goes on to its attempt, as from one park."""
+    start = time.monotonic()
+    if parked is None or end - start <= PARKED_AFTER:
+        return slot.park(end - start)
+    got = slot.park(PARKED_AFTER)
+    if got or time.monotonic() - start < PARKED_AFTER:
+        return got
     parked.write(end - time.monotonic())
     return slot.park(end - time.monotonic())
 
 
 async def _afirst_park(slot: Slot, end: float, parked: Parked | None) -> bool:
-    if parked is None or end - time.monotonic() <= PARKED_AFTER:
-        return await slot.apark(end - time.monotonic())
-    if await slot.apark(PARKED_AFTER):
-        return True
+    start = time.monotonic()
+    if parked is None or end - start <= PARKED_AFTER:
+        return await slot.apark(end - start)
+    got = await slot.apark(PARKED_AFTER)
+    if got or time.monotonic() - start < PARKED_AFTER:
+        return got
     await parked.awrite(end - time.monotonic())
     return await slot.apark(end - time.monotonic())
 
