@@ -118,6 +118,8 @@ def _first_park(slot: Slot, end: float, parked: Parked | None) -> bool:
     if got or time.monotonic() - start < PARKED_AFTER:
         return got
     parked.write(end - time.monotonic())
+    if slot.granted:  # handed over while the record was written
+        return True
     return slot.park(end - time.monotonic())
 
 
@@ -129,6 +131,8 @@ async def _afirst_park(slot: Slot, end: float, parked: Parked | None) -> bool:
     if got or time.monotonic() - start < PARKED_AFTER:
         return got
     await parked.awrite(end - time.monotonic())
+    if slot.granted:
+        return True
     return await slot.apark(end - time.monotonic())
 
 
