@@ -308,7 +308,7 @@ class AsyncRLock(LockBase):
             got = await waiting.await_(self._waiting(k, lease_ms, t0, token, registered),
                                        attempt, wait, self.unlock, park_until,
                                        None if token is None else withdraw, verify,
-                                       self._parked(k, deadline, park_until, self._client))
+                                       self._parked(k, deadline, park_until, self._sync_client))
         except BaseException:
             if isinstance(reg, waiters.Note):  # a kind without a hand-off: its record out
                 await asyncio.shield(waiters.aforget(self._client, reg))

@@ -225,7 +225,7 @@ class RLock(LockBase):
                                     lambda claim: self._attempt(k, lease_ms, t0, claim, note),
                                     wait, self.unlock, park_until,
                                     verify=lambda: self._verified(k),
-                                    parked=self._parked(k, deadline, park_until, self._client))
+                                    parked=self._parked(k, deadline, park_until, self._sync_client))
             except BaseException:
                 waiters.forget(self._client, note)
                 raise
@@ -246,7 +246,7 @@ class RLock(LockBase):
         got = waiting.wait(self._waiting(k, lease_ms, t0, token, registered, line),
                            lambda claim: self._attempt(k, lease_ms, t0, claim, (token, deadline)),
                            wait, self.unlock, park_until, withdraw, lambda: self._verified(k),
-                           self._parked(k, deadline, park_until, self._client))
+                           self._parked(k, deadline, park_until, self._sync_client))
         top_up = self._top_up(k) if got else None
         if top_up is not None:
             call_once(self._client, RENEW_SCRIPT, (self.key,), top_up)

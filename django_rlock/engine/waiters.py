@@ -20,8 +20,11 @@ longest record. Listing reads these hashes in the pipeline it sends anyway (``re
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import itertools
 import math
+import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -31,7 +34,7 @@ from . import identity
 from .lockinfo import parse_entry, text
 from .lua import Script, source
 from .naming import handoff_waiters, waiting_key
-from .scripts import acall_once, call_once
+from .scripts import call_once
 
 #: A record outlives the bound of its waiter's park by this much (ms): the waiter writes it
 #: again on its next attempt, well before.
@@ -47,6 +50,8 @@ MAX_LISTED = 1000
 PARKED_AFTER = 1.0
 
 _serials = itertools.count(1)
+#: Where ``noting.lua`` takes the kind's script.
+_BODY = "-- the kind's script\n"
 _wrapped: dict[tuple[str, str, str], Script] = {}
 
 
@@ -58,11 +63,8 @@ def noting(script: Script, waiting: str, ttl: str = "nil") -> Script:
     k = (script.sha, waiting, ttl)
     found = _wrapped.get(k)
     if found is None:
-        src = ("local nk, na = #KEYS - 1, #ARGV - 5\n"
-               "local function attempt(KEYS, ARGV)\n" + script.source + "\nend\n"
-               "local reply = attempt({unpack(KEYS, 1, nk)}, {unpack(ARGV, 1, na)})\n"
-               + source("_waiting", WAITING=waiting, TTL=ttl))
-        found = _wrapped[k] = Script(src)
+        head, _, tail = source("noting", WAITING=waiting, TTL=ttl).partition(_BODY)
+        found = _wrapped[k] = Script(head + script.source + tail)
     return found
 
 
@@ -111,31 +113,71 @@ def noted(n: Note | None, script: Script, keys: Sequence[Any], args: Sequence[An
 
 
 class Parked:
-    """The record of a wait parked before its first attempt (``wait.loop``): written once it
-    has parked ``PARKED_AFTER``, valid until its park's end plus the slack (or its budget),
-    taken out when the wait ends (its retries, if any, write it again meanwhile)."""
+    """The record of a wait parked before its first attempt (``wait.loop``): written by this
+    process's one waiters thread once the park has lasted ``PARKED_AFTER`` (valid until the
+    park's end plus the slack, or the budget's end), taken out by it after the wait ends. The
+    waiter never waits on either: its park is the one it always was, and a hand-off to it is
+    taken at once however slow the server answers (``client``: a sync client of the lock's
+    server, also for an asyncio waiter)."""
 
     def __init__(self, client: Any, n: Note) -> None:
-        self.client, self.note, self.written = client, n, False
+        self.client, self.note = client, n
+        self._state = "new"  # "written", "done"
+        self._lock = threading.Lock()
 
-    def _call(self, bound: float) -> tuple[Script, tuple[Any, ...], tuple[Any, ...]]:
-        self.written = True
-        n = dataclasses.replace(self.note, bound_ms=max(1, math.ceil(bound * 1000)))
-        return n.wrap(_PARKED, (), (), "reply == 1")
+    def start(self, end: float) -> None:
+        """The wait parks until ``end`` (monotonic) before its first attempt."""
+        if end - time.monotonic() > PARKED_AFTER:
+            _later(time.monotonic() + PARKED_AFTER, lambda: self._write(end))
 
-    def write(self, bound: float) -> None:
-        call_once(self.client, *self._call(bound))
-
-    async def awrite(self, bound: float) -> None:
-        await acall_once(self.client, *self._call(bound))
+    def _write(self, end: float) -> None:
+        with self._lock:
+            if self._state != "new" or time.monotonic() >= end:
+                return  # over, or past its first park: its attempts carry its record
+            self._state = "written"
+        n = dataclasses.replace(self.note, bound_ms=max(1, math.ceil(
+            (end - time.monotonic()) * 1000)))
+        call_once(self.client, *n.wrap(_PARKED, (), (), "reply == 1"))
 
     def forget(self) -> None:
-        if self.written:
-            forget(self.client, self.note)
+        """The wait ended: its record out, if it was written (after it, on the same thread)."""
+        with self._lock:
+            written, self._state = self._state == "written", "done"
+        if written:
+            _later(time.monotonic(), lambda: forget(self.client, self.note))
 
-    async def aforget(self) -> None:
-        if self.written:
-            await aforget(self.client, self.note)
+
+_jobs: list[tuple[float, int, Callable[[], Any]]] = []
+_job_serials = itertools.count()
+_jobs_cv = threading.Condition()
+_sender: tuple[int, threading.Thread] | None = None
+
+
+def _later(due: float, job: Callable[[], Any]) -> None:
+    """Run ``job`` at ``due`` (monotonic) on this process's waiters thread (started on first
+    use, and again in a forked child), one job at a time, in order of due time."""
+    global _sender, _jobs
+    with _jobs_cv:
+        if _sender is None or _sender[0] != os.getpid() or not _sender[1].is_alive():
+            if _sender is not None and _sender[0] != os.getpid():
+                _jobs = []  # a forked child: the parent's jobs are not its own
+            t = threading.Thread(target=_send, name="django-rlock waiters", daemon=True)
+            t.start()
+            _sender = (os.getpid(), t)
+        heapq.heappush(_jobs, (due, next(_job_serials), job))
+        _jobs_cv.notify()
+
+
+def _send() -> None:
+    while True:
+        with _jobs_cv:
+            while not _jobs or _jobs[0][0] > time.monotonic():
+                _jobs_cv.wait(None if not _jobs else _jobs[0][0] - time.monotonic())
+            job = heapq.heappop(_jobs)[2]
+        try:
+            job()
+        except Exception:
+            pass  # the record ends at its deadline
 
 
 _PARKED = Script(source("wait_parked"))

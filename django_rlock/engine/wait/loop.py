@@ -20,7 +20,7 @@ from typing import Any
 
 from .. import events
 from ..scripts import CLAIMED
-from ..waiters import PARKED_AFTER, Parked
+from ..waiters import Parked
 from . import settings
 from .channel import WakePolicy
 from .manager import PubSubManager, manager
@@ -107,35 +107,6 @@ def _over(deadline: float | None) -> bool:
     return deadline is not None and time.monotonic() >= deadline
 
 
-def _first_park(slot: Slot, end: float, parked: Parked | None) -> bool:
-    """The park before a wait's first attempt; one that lasts ``PARKED_AFTER`` writes the
-    waiter's record (invariant 40), since no attempt carries it, and parks on. A park that
-    returns early was woken: the wait goes on to its attempt, as from one park."""
-    start = time.monotonic()
-    if parked is None or end - start <= PARKED_AFTER:
-        return slot.park(end - start)
-    got = slot.park(PARKED_AFTER)
-    if got or time.monotonic() - start < PARKED_AFTER:
-        return got
-    parked.write(end - time.monotonic())
-    if slot.granted:  # handed over while the record was written
-        return True
-    return slot.park(end - time.monotonic())
-
-
-async def _afirst_park(slot: Slot, end: float, parked: Parked | None) -> bool:
-    start = time.monotonic()
-    if parked is None or end - start <= PARKED_AFTER:
-        return await slot.apark(end - start)
-    got = await slot.apark(PARKED_AFTER)
-    if got or time.monotonic() - start < PARKED_AFTER:
-        return got
-    await parked.awrite(end - time.monotonic())
-    if slot.granted:
-        return True
-    return await slot.apark(end - time.monotonic())
-
-
 def wait(w: Wait, attempt: Callable[[bool], int | None], budget: float | None,
          give_back: Callable[[], Any] | None = None, park_until: float = 0.0,
          withdraw: Callable[[], Any] | None = None,
@@ -164,7 +135,9 @@ def wait(w: Wait, attempt: Callable[[bool], int | None], budget: float | None,
             slot.confirmed.wait(sub_timeout)
         if park_until:
             end = park_until if deadline is None else min(park_until, deadline)
-            acquired = _first_park(slot, end, parked)
+            if parked is not None:
+                parked.start(end)  # its record, if the park lasts (invariant 40)
+            acquired = slot.park(end - time.monotonic())
         while True:
             while not acquired:
                 if slot.begin_attempt():
@@ -235,7 +208,9 @@ async def await_(w: Wait, attempt: Callable[[bool], Awaitable[int | None]],
                 pass
         if park_until:
             end = park_until if deadline is None else min(park_until, deadline)
-            acquired = await _afirst_park(slot, end, parked)
+            if parked is not None:
+                parked.start(end)
+            acquired = await slot.apark(end - time.monotonic())
         while True:
             while not acquired:
                 if await slot.abegin_attempt():
@@ -268,7 +243,7 @@ async def await_(w: Wait, attempt: Callable[[bool], Awaitable[int | None]],
         if events.listeners:
             _ended(w, acquired, ended, granted)
         if parked is not None:
-            await asyncio.shield(parked.aforget())
+            parked.forget()
         if not acquired:
             # Handed the lock just as we gave up (budget spent, cancelled): give it back
             # ourselves, now, as its owner (invariant 7); or take our place in line back
