@@ -188,6 +188,26 @@ def test_a_waiter_is_listed_while_it_waits_and_gone_once_it_acquires_or_gives_up
     b.unblock()
 
 
+@pytest.mark.parametrize("kind", ["semaphore", "fair"])
+def test_a_waiter_that_timed_out_is_not_listed_beside_one_still_waiting(
+        r: redis.Redis, redis_server: Any, procs: Callable[..., Proc], kind: str) -> None:
+    # Nothing takes its record out (no round trip on a timeout): its deadline, the end of
+    # its budget, does, while the hash lives on for the other waiter.
+    b = Blocker(r, kind, "two")
+    patient, hasty = (procs(kind, redis_server.socket, "two") for _ in range(2))
+    b.block()
+    patient.send("wait 60")
+    patient.expect("waiting")
+    hasty.send("wait 1.5")
+    hasty.expect("waiting")
+    assert len(until_listed(r, "two", 2)) == 2
+    hasty.expect("timeout")
+    assert [w.pid for w in waiters_of(r, "two")] == [patient.pid]
+    assert r.hlen(waiting_key(PREFIX + "two")) == 2  # there, but past its deadline
+    b.unblock()
+    patient.expect("acquired")
+
+
 def test_a_standby_that_stands_down_is_gone_at_once(r: redis.Redis) -> None:
     holder = Leader(r, "g", PREFIX).start()
     standby = Leader(redis.Redis(unix_socket_path=r.connection_pool.connection_kwargs["path"]),
