@@ -11,6 +11,7 @@ its details, and force-unlocked the way its waiters expect (``engine.listing.Loc
 
 from __future__ import annotations
 
+import datetime
 import logging
 from typing import Any
 from urllib.parse import urlencode
@@ -259,6 +260,7 @@ class LockAdmin(admin.ModelAdmin):
             "known": all(h.pid is not None for h in info.holders),
             "fields": sorted(info.fields.items()),
             "ttl": format_ttl(info.ttl),
+            "waiters": [self._waiter(w) for w in info.waiters],
             "detail_url": reverse(f"{prefix}_detail", args=[info.name],
                                   current_app=self.admin_site.name) + mode,
             "force_unlock_url": reverse(f"{prefix}_force_unlock", args=[info.name],
@@ -274,6 +276,15 @@ class LockAdmin(admin.ModelAdmin):
         if "leases" in d:
             d["leases"] = [{"id": p["id"], "ttl": format_lease(p["ttl"])} for p in d["leases"]]
         return d
+
+    def _waiter(self, w: Any) -> dict[str, Any]:
+        """A waiter (``waiters.Waiter``) for the templates: since when, in server time (UTC)."""
+        empty = self.get_empty_value_display()
+        since = datetime.datetime.fromtimestamp(w.since, datetime.UTC)
+        return {"owner": w.owner, "host": w.host or empty, "pid": empty if w.pid is None else w.pid,
+                "process": w.process or empty, "thread": w.thread or empty,
+                "since": since.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3],
+                "waiting_for": format_held(w.waiting_for)}
 
     def _holder(self, h: Holder) -> dict[str, Any]:
         """A holder for the templates: what is unknown (a lock another Redisson client took has

@@ -18,12 +18,13 @@ from typing import Any
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from . import events, identity, leases, replicas
+from . import events, identity, leases, replicas, waiters
 from .aiopool import cancel_dropped, mark_cancels, reset_budget, reset_cancels, set_budget
 from .clients import SlotBound, async_twin, refresh, sync_twin
 from .errors import LockNotOwnedError
 from .kinds import Kind, declare
 from .lock import HoldKey, LockBase, RLock, log_masked_release, ttl_seconds
+from .lua import Script
 from .naming import UNLOCK_MESSAGE
 from .scripts import (
     RELEASE_SCRIPT,
@@ -148,21 +149,26 @@ class AsyncRLock(LockBase):
             raise asyncio.CancelledError
 
     async def _attempt(self, k: HoldKey, lease_ms: int | None, t0: float, claim: bool = False,
-                       reg: tuple[str, float | None] | None = None) -> int | None:
+                       reg: tuple[str, float | None] | waiters.Note | None = None
+                       ) -> int | None:
         if cancel_dropped():  # lost in redis-py earlier in this acquire: nothing sent yet
             raise asyncio.CancelledError
         args = self._acquire_args(k, lease_ms, claim)
         keys = self._acquire_keys
-        if reg is not None:
+        script = None
+        if isinstance(reg, waiters.Note):  # a kind without a hand-off: its waiter record
+            script, keys, args = waiters.noted(reg, self._ACQUIRE, keys, args, *self._WAITING)
+        elif reg is not None:
             args = args[:4] + self._register_args(reg[0], reg[1], self._grant_ms(lease_ms))
             keys = self._wait_keys
         target = await self._target()
         sent = time.monotonic()
         try:
             if target[1] is None:  # one script, sent from this task (``ashielded``)
-                ttl = self._ttl_of(await ashielded(self._client, self._ACQUIRE, keys, args))
+                ttl = self._ttl_of(await ashielded(self._client, script or self._ACQUIRE,
+                                                   keys, args))
             else:  # acquire, WAIT and maybe the undo: one unit in a task of its own
-                ttl = await shielded_task(self._send_acquire(k, args, *target, keys))
+                ttl = await shielded_task(self._send_acquire(k, args, *target, keys, script))
         except Cut as cut:
             # Cancelling the caller must not cancel a round trip Redis may already have run.
             rest = cut.rest if target[1] is not None else asyncio.ensure_future(
@@ -192,14 +198,16 @@ class AsyncRLock(LockBase):
         return n, self._sync_target(n)
 
     async def _send_acquire(self, k: HoldKey, args: tuple[Any, ...], connected: int,
-                            target: tuple[int, int] | None, keys: tuple[Any, ...] = ()) -> Any:
+                            target: tuple[int, int] | None, keys: tuple[Any, ...] = (),
+                            script: Script | None = None) -> Any:
         """The acquire round trip (with WAIT on a master with replicas; undone and raised if
         too few acknowledge): one unit, so cancellation shields the undo too."""
         keys = keys or self._acquire_keys
+        script = script or self._ACQUIRE
         if target is None:
-            return self._ttl_of(await acall_once(self._client, self._ACQUIRE, keys, args))
+            return self._ttl_of(await acall_once(self._client, script, keys, args))
         try:
-            reply, acked = await acall_once(self._client, self._ACQUIRE, keys,
+            reply, acked = await acall_once(self._client, script, keys,
                                             args, self._wait_args(target))
         except (RedisConnectionError, RedisTimeoutError):
             replicas.forget(self._server)  # a failover: the new master has other replicas
@@ -313,7 +321,7 @@ class AsyncRLock(LockBase):
     async def _wait(self, k: HoldKey, lease_ms: int | None, wait: float | None,
                     park_until: float, t0: float, token: str | None = None,
                     registered: bool = False, deadline: float | None = None) -> bool:
-        reg = None if token is None else (token, deadline)
+        reg = self._note(k, deadline) if token is None else (token, deadline)
 
         async def attempt(claim: bool) -> int | None:
             return await self._attempt(k, lease_ms, t0, claim, reg)
@@ -325,9 +333,15 @@ class AsyncRLock(LockBase):
         async def verify() -> bool:
             return await self._verified(k)
 
-        got = await waiting.await_(self._waiting(k, lease_ms, t0, token, registered), attempt,
-                                   wait, self.unlock, park_until,
-                                   None if token is None else withdraw, verify)
+        try:
+            got = await waiting.await_(self._waiting(k, lease_ms, t0, token, registered),
+                                       attempt, wait, self.unlock, park_until,
+                                       None if token is None else withdraw, verify,
+                                       self._parked(k, deadline, park_until, self._sync_client))
+        except BaseException:
+            if isinstance(reg, waiters.Note):  # a kind without a hand-off: its record out
+                await asyncio.shield(waiters.aforget(self._client, reg))
+            raise
         top_up = self._top_up(k) if got else None
         if top_up is not None:
             await acall_once(self._client, RENEW_SCRIPT, (self.key,), top_up)

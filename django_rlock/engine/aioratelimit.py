@@ -12,9 +12,9 @@ import asyncio
 import time
 from typing import Any
 
+from . import waiters
 from .named import uncancellable
 from .ratelimit import (
-    RATE_ACQUIRE_SCRIPT,
     RATE_LEAVE_SCRIPT,
     RATE_PEEK_SCRIPT,
     RATE_SET_SCRIPT,
@@ -68,13 +68,13 @@ class AsyncRateLimiter(RateLimiterBase):
         n = self._permits(permits)
         return await self._take(n, self._wait_budget(wait_time))
 
-    async def _send(self, n: int, token: str, budget: float | None) -> Grant:
+    async def _send(self, n: int, token: str, budget: float | None,
+                    note: waiters.Note | None = None) -> Grant:
         box: list[Grant] = []
 
         async def send() -> int | None:
-            g = self._grant(await acall_once(self._client, RATE_ACQUIRE_SCRIPT,
-                                             (*self._keys, self._index),
-                                             self._attempt_args(n, token, budget)), n)
+            g = self._grant(await acall_once(self._client,
+                                             *self._sending(n, token, budget, note)), n)
             box.append(g)
             return None if g.granted else 0
 
@@ -87,14 +87,15 @@ class AsyncRateLimiter(RateLimiterBase):
     async def _take(self, n: int, budget: float | None) -> Grant:
         t0 = time.monotonic()
         token = "" if budget == 0 else grant_id()
-        g = await self._send(n, token, budget)
+        note = self._note(t0, budget) if token else None
+        g = await self._send(n, token, budget, note)
         if g.granted or g.code != REFUSED or not token:
             return g
         deadline = None if budget is None else time.monotonic() + budget
         last = [g]
 
         async def attempt(claim: bool) -> int | None:
-            r = last[0] = await self._send(n, token, self._left(deadline))
+            r = last[0] = await self._send(n, token, self._left(deadline), note)
             return None if r.granted else self._park_ms(r, deadline)
 
         try:

@@ -18,7 +18,7 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from . import events, identity, releasing, replicas, windows, withdrawals
+from . import events, identity, releasing, replicas, waiters, windows, withdrawals
 from .clients import SlotBound, check_client, is_cluster_node
 from .errors import LockNotSyncedError
 from .naming import (
@@ -90,7 +90,7 @@ def check_name(name: Any) -> str:
     return name
 
 
-class LockBase(releasing.Releasing, SlotBound):
+class LockBase(releasing.Releasing, waiters.Noting, SlotBound):
     """What the sync and asyncio locks share: validation, names, and the bookkeeping around
     each round trip (the hold registry, the waiter queues, the hand-off). Subclasses do I/O.
 

@@ -62,6 +62,9 @@ class _Fenced:
     _index: str
     _acquire_keys: tuple[Any, ...]
 
+    #: The acquire replies {pttl, -1} while another holds the lock (``waiters.noting``).
+    _WAITING = ("type(reply) == 'table' and tonumber(reply[2]) == -1", "tonumber(reply[1])")
+
     def _fence(self) -> None:
         #: The token counter (Redisson's name; the brace rule keeps it in the lock's slot).
         self.token_key = prefix_name(TOKEN_PREFIX, self.key)

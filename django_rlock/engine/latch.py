@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import waiters
 from .kinds import SEMAPHORE_OR_LATCH, Kind, declare
 from .lua import Script, source
 from .named import RECHECK, Named
@@ -31,6 +32,9 @@ LATCH_DELETE = source("latch_delete")
 LATCH_TRY_SET_SCRIPT = Script(LATCH_TRY_SET)
 LATCH_COUNT_DOWN_SCRIPT = Script(LATCH_COUNT_DOWN)
 LATCH_DELETE_SCRIPT = Script(LATCH_DELETE)
+#: A waiter's retry: the count, read by a script that carries its record (``waiters``).
+LATCH_COUNT_SCRIPT = Script(source("latch_count"))
+_WAITING = "reply and (tonumber(reply) or 0) > 0"
 
 
 class _LatchBase(Named):
@@ -74,7 +78,13 @@ class CountDownLatch(_LatchBase):
         """Wait until the count is zero (``await`` in Redisson); False if ``timeout`` seconds
         passed first (None: no limit, 0: just look)."""
         budget = self._budget(timeout, "timeout")
-        return self._waits(lambda: self._open(self._reader.get(self.key)), budget)
+        def attempt(note: waiters.Note | None = None) -> int | None:
+            if note is None:
+                return self._open(self._reader.get(self.key))
+            return self._open(call_once(self._client, *waiters.noted(
+                note, LATCH_COUNT_SCRIPT, (self.key,), (), _WAITING)))
+
+        return self._waits(attempt, budget)
 
     def delete(self) -> bool:
         """Delete the latch (its waiters see a count of 0 and return); True if there was one."""
@@ -107,8 +117,11 @@ class AsyncCountDownLatch(_LatchBase):
     async def wait(self, timeout: float | None = None) -> bool:
         budget = self._budget(timeout, "timeout")
 
-        async def attempt() -> int | None:
-            return self._open(await self._reader.get(self.key))
+        async def attempt(note: waiters.Note | None = None) -> int | None:
+            if note is None:
+                return self._open(await self._reader.get(self.key))
+            return self._open(await acall_once(self._client, *waiters.noted(
+                note, LATCH_COUNT_SCRIPT, (self.key,), (), _WAITING)))
 
         return await self._awaits(attempt, budget)
 

@@ -156,7 +156,7 @@ class LeaderLock(_LeaderLockMixin, FencedLock):
     _holder_info = staticmethod(identity.thread_info)
 
     def _attempt(self, k: Any, lease_ms: int | None, t0: float, claim: bool = False,
-                 reg: tuple[str, float | None] | None = None) -> int | None:
+                 reg: Any = None) -> int | None:
         if self.stopping:
             raise CampaignStopped(f"leader campaign for {self.key!r} stopped")
         return super()._attempt(k, lease_ms, t0, claim, reg)
@@ -185,7 +185,7 @@ class AsyncLeaderLock(_LeaderLockMixin, AsyncFencedLock):
     _holder_info = staticmethod(identity.task_info)
 
     async def _attempt(self, k: Any, lease_ms: int | None, t0: float, claim: bool = False,
-                       reg: tuple[str, float | None] | None = None) -> int | None:
+                       reg: Any = None) -> int | None:
         if self.stopping:
             raise CampaignStopped(f"leader campaign for {self.key!r} stopped")
         return await super()._attempt(k, lease_ms, t0, claim, reg)

@@ -22,17 +22,18 @@ The kind comes from the index entry (its JSON ``kind``; none = ``lock``). Withou
 Redisson stores alike, so it is shown as ``semaphore|latch``. Anything else (a cache value,
 somebody's own hash, the kinds' auxiliary keys) is never listed.
 
-Costs are bounded: two pipelined round trips per ``BATCH`` keys (shapes, then contents),
-never a round trip per lock.
+Costs are bounded: two pipelined round trips per ``BATCH`` keys (shapes, then contents, with
+the waiters' records: ``waiters``), never a round trip per lock.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from . import kinds
+from . import kinds, waiters
 from .clients import check_client, is_cluster, is_cluster_node, node_client, node_clients
 from .kinds import SEMAPHORE_OR_LATCH, Kind
 from .lockinfo import (
@@ -55,6 +56,7 @@ from .naming import (
     HANDOFF_WAITERS_PREFIX,
     INDEX_PREFIX,
     TOKEN_PREFIX,
+    WAITING_PREFIX,
     index_key,
     prefix_name,
     suffix_name,
@@ -84,7 +86,8 @@ _GLOB_SPECIAL = re.compile(r"([\\*?\[\]])")
 # Keys the kinds keep next to their main key: never listed as locks of their own.
 _AUX_PREFIXES = tuple(p + ":" for p in (FAIR_QUEUE_PREFIX, FAIR_TIMEOUT_PREFIX, TOKEN_PREFIX,
                                         "redisson_unlock_latch", INDEX_PREFIX)) + tuple(
-    p + sep for p in (HANDOFF_QUEUE_PREFIX, HANDOFF_WAITERS_PREFIX) for sep in ":!")
+    p + sep for p in (HANDOFF_QUEUE_PREFIX, HANDOFF_WAITERS_PREFIX, WAITING_PREFIX)
+    for sep in ":!")
 # A read hold's timeout string, ``{key}:<owner>:rwlock_timeout:<k>``. (A permit zset
 # ``{key}:timeout`` is neither hash nor string, so never a candidate.)
 _AUX_NAME = re.compile(r".+:\d+:rwlock_timeout:\d+", re.DOTALL)
@@ -268,13 +271,17 @@ class Locks:
                     else:
                         pipe.echo("")
             sizes.append((8 if detail else 6) if shape == "hash" else (5 if detail else 4))
+            for read in waiters.read_commands(key, shape == "hash"):  # who waits (invariant 41)
+                read(pipe)
+            sizes.append(2 if shape == "hash" else 1)
         replies = pipe.execute(raise_on_error=False)
         now = int(replies[0][0]) + int(replies[0][1]) / 1e6
         out = []
         i = 1
-        for (key, shape), size in zip(wanted, sizes, strict=True):
+        for (key, shape), size, more in zip(wanted, sizes[::2], sizes[1::2], strict=True):
             got = replies[i:i + size]
-            i += size
+            waiting = waiters.from_replies(replies[i + size:i + size + more], now * 1000.0)
+            i += size + more
             pttl = got[1]
             if not isinstance(pttl, int) or pttl == -2:
                 continue
@@ -283,7 +290,7 @@ class Locks:
             make = self._hash if shape == "hash" else self._string
             info = make(key, ttl, entry, got, now * 1000.0, detail)
             if info is not None:
-                out.append(info)
+                out.append(dataclasses.replace(info, waiters=waiting) if waiting else info)
         return out
 
     def _hash(self, key: str, ttl: float, entry: dict[str, Any] | None, got: list[Any],

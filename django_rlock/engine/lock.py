@@ -16,7 +16,7 @@ from typing import Any
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from . import identity, leases, replicas, wakeline
+from . import identity, leases, replicas, waiters, wakeline
 from .base import (
     GRANT_CHECK_MARGIN,
     REGISTRATION_SLACK_MS,
@@ -122,27 +122,31 @@ class RLock(LockBase):
         return self._acquire(check_seconds(timeout, "timeout", self.name, zero_ok=True), None)
 
     def _attempt(self, k: HoldKey, lease_ms: int | None, t0: float, claim: bool = False,
-                 reg: tuple[str, float | None] | None = None) -> int | None:
+                 reg: tuple[str, float | None] | waiters.Note | None = None) -> int | None:
         """One acquire round trip: None when acquired, else the holder's PTTL in ms (or
         ``CLAIMED``: a grant reached this waiter, booked by the wait).
 
         ``reg=(token, deadline)``: a waiter's attempt, which registers it in the hand-off
-        queue if it fails. With replicas, WAIT rides in the same round trip; too few
+        queue if it fails; a ``waiters.Note``: a retry of a kind without a hand-off, which
+        carries the waiter's record (``waiters``). With replicas, WAIT rides in the same round trip; too few
         acknowledgements undo the acquire (one more round trip) and raise
         ``LockNotSyncedError``.
         """
         args = self._acquire_args(k, lease_ms, claim)
         keys = self._acquire_keys
-        if reg is not None:
+        script = self._ACQUIRE
+        if isinstance(reg, waiters.Note):  # a kind without a hand-off: its waiter record
+            script, keys, args = waiters.noted(reg, self._ACQUIRE, keys, args, *self._WAITING)
+        elif reg is not None:
             args = args[:4] + self._register_args(reg[0], reg[1], self._grant_ms(lease_ms))
             keys = self._wait_keys
         connected, target = self._target()
         sent = time.monotonic()
         if target is None:
-            ttl = self._ttl_of(call_once(self._client, self._ACQUIRE, keys, args))
+            ttl = self._ttl_of(call_once(self._client, script, keys, args))
         else:
             try:
-                reply, acked = call_once(self._client, self._ACQUIRE, keys, args,
+                reply, acked = call_once(self._client, script, keys, args,
                                          self._wait_args(target))
             except (RedisConnectionError, RedisTimeoutError):
                 # A failover (seen, or behind a fixed address: WAIT then times out): count the
@@ -215,9 +219,16 @@ class RLock(LockBase):
               park_until: float, t0: float, token: str | None = None, registered: bool = False,
               deadline: float | None = None, line: Any = None) -> bool:
         if token is None:
-            return waiting.wait(self._waiting(k, lease_ms, t0),
-                                lambda claim: self._attempt(k, lease_ms, t0, claim),
-                                wait, self.unlock, park_until, verify=lambda: self._verified(k))
+            note = self._note(k, deadline)
+            try:
+                return waiting.wait(self._waiting(k, lease_ms, t0),
+                                    lambda claim: self._attempt(k, lease_ms, t0, claim, note),
+                                    wait, self.unlock, park_until,
+                                    verify=lambda: self._verified(k),
+                                    parked=self._parked(k, deadline, park_until, self._sync_client))
+            except BaseException:
+                waiters.forget(self._client, note)
+                raise
 
         def withdraw() -> None:
             try:
@@ -234,7 +245,8 @@ class RLock(LockBase):
             wakeline.open_line(self._sync_client, k[2])
         got = waiting.wait(self._waiting(k, lease_ms, t0, token, registered, line),
                            lambda claim: self._attempt(k, lease_ms, t0, claim, (token, deadline)),
-                           wait, self.unlock, park_until, withdraw, lambda: self._verified(k))
+                           wait, self.unlock, park_until, withdraw, lambda: self._verified(k),
+                           self._parked(k, deadline, park_until, self._sync_client))
         top_up = self._top_up(k) if got else None
         if top_up is not None:
             call_once(self._client, RENEW_SCRIPT, (self.key,), top_up)

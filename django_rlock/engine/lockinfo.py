@@ -104,6 +104,8 @@ class LockInfo:
     kind: str = "lock"
     details: dict[str, Any] = field(default_factory=dict)
     value: str | None = None
+    #: Who waits for it, longest first (``waiters.Waiter``).
+    waiters: tuple[Any, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready: ``ttl`` is null for a key without expiry; the kind's details flat."""
@@ -114,6 +116,7 @@ class LockInfo:
             "holders": [h.as_dict() for h in self.holders],
             "kind": self.kind,
             **self.details,
+            "waiters": [w.as_dict() for w in self.waiters],
         }
 
     def summary(self) -> str:

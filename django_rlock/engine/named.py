@@ -15,7 +15,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from . import events
+from . import events, waiters
 from .clients import SlotBound, async_twin, check_client, is_cluster_node, sync_twin
 from .lock import check_name, check_seconds
 from .lua import Script, source
@@ -151,8 +151,14 @@ class Named(SlotBound):
         cap = int(self._RECHECK * 1000)
         return -1 if ttl < 0 or ttl > cap else ttl
 
-    def _waits(self, attempt: Callable[[], int | None], budget: float | None) -> bool:
-        """One attempt, then the shared wait loop for what is left of ``budget``."""
+    def _note(self, t0: float, budget: float | None) -> waiters.Note:
+        """The record the retries of a wait that began at ``t0`` carry (``waiters``)."""
+        return waiters.note(self.key, None if budget is None else t0 + budget, aio=self._aio,
+                            bound=self._RECHECK)
+
+    def _waits(self, attempt: Callable[..., int | None], budget: float | None) -> bool:
+        """One attempt, then the shared wait loop for what is left of ``budget``: its retries
+        are ``attempt(note)``, which carry the waiter's record (``waiters.noted``)."""
         t0 = time.monotonic()
         if attempt() is None:
             return True
@@ -160,9 +166,14 @@ class Named(SlotBound):
             waiting.refused(self._sync_client, self.name, self.key, None, type(self).__name__,
                             "", t0)
             return False
-        return waiting.wait(self._wait(t0), lambda claim: attempt(), budget)
+        note = self._note(t0, budget)
+        try:
+            return waiting.wait(self._wait(t0), lambda claim: attempt(note), budget)
+        except BaseException:
+            waiters.forget(self._client, note)
+            raise
 
-    async def _awaits(self, attempt: Callable[[], Awaitable[int | None]],
+    async def _awaits(self, attempt: Callable[..., Awaitable[int | None]],
                       budget: float | None) -> bool:
         t0 = time.monotonic()
         if await attempt() is None:
@@ -171,11 +182,16 @@ class Named(SlotBound):
             waiting.refused(self._sync_client, self.name, self.key, None, type(self).__name__,
                             "", t0)
             return False
+        note = self._note(t0, budget)
 
         async def again(claim: bool) -> int | None:
-            return await attempt()
+            return await attempt(note)
 
-        return await waiting.await_(self._wait(t0), again, budget)
+        try:
+            return await waiting.await_(self._wait(t0), again, budget)
+        except BaseException:
+            await asyncio.shield(waiters.aforget(self._client, note))
+            raise
 
 
 async def uncancellable(send: Callable[[], Awaitable[int | None]],

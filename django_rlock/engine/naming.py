@@ -43,6 +43,17 @@ def handoff_waiters(key: str) -> str:
     return _own(HANDOFF_WAITERS_PREFIX, key)
 
 
+#: Waiters of the kinds without a hand-off (``waiters``): token -> "<deadline ms> 0 <info>",
+#: written by the attempts their wait loop sends anyway.
+WAITING_PREFIX = "rlock_waiting"
+
+
+def waiting_key(key: str) -> str:
+    """The hash of the waiters of ``key`` that have no hand-off entry (every kind but the
+    hand-off ones): same value format as ``handoff_waiters``, in the key's slot."""
+    return _own(WAITING_PREFIX, key)
+
+
 def grant_channel(key: str) -> str:
     """Where a release names the waiter it granted the lock to. Only django-rlock listens:
     a Redisson client sees nothing it does not understand on its own channel."""

@@ -17,7 +17,7 @@ import os
 import time
 from typing import Any
 
-from . import windows
+from . import waiters, windows
 from .errors import LockNotOwnedError
 from .kinds import Kind, declare
 from .lock import check_seconds
@@ -81,6 +81,15 @@ class _PermitsBase(Named):
         #: Redisson's ``{<key>}:timeout``: the permits taken and when each expires.
         self.timeout_key = suffix_name(self.key, "timeout")
         self._keys = (self.key, self.timeout_key, self._channel, self._index)
+
+
+    def _acquiring(self, note: waiters.Note | None, permit_id: str,
+                   ms: int) -> tuple[Script, tuple[Any, ...], tuple[Any, ...]]:
+        """The acquire of one permit as sent (a retry carries the waiter's record: while no
+        permit is free the reply is the ms to the nearest expiry, or -1)."""
+        return waiters.noted(note, PES_ACQUIRE_SCRIPT, self._keys,
+                             (permit_id, ms, *self._acquire_extra), "type(reply) == 'number'",
+                             "reply")
 
     def _lease_ms(self, lease_time: Any) -> int | None:
         if lease_time is None:
@@ -189,10 +198,9 @@ class PermitExpirableSemaphore(_PermitsBase):
         permit_id = new_permit_id()
         ms = self._watchdog_ms if lease_ms is None else lease_ms
 
-        def attempt() -> int | None:
+        def attempt(note: waiters.Note | None = None) -> int | None:
             sent = time.monotonic()
-            ttl = self._ttl_of(call_once(self._client, PES_ACQUIRE_SCRIPT, self._keys,
-                                         (permit_id, ms, *self._acquire_extra)))
+            ttl = self._ttl_of(call_once(self._client, *self._acquiring(note, permit_id, ms)))
             if ttl is None and lease_ms is None and not self._renewed(permit_id, sent):
                 again = time.monotonic()
                 return self._late_checked(permit_id, again, call_once(
@@ -274,17 +282,17 @@ class AsyncPermitExpirableSemaphore(_PermitsBase):
         permit_id = new_permit_id()
         ms = self._watchdog_ms if lease_ms is None else lease_ms
 
-        async def send() -> int | None:
-            return self._ttl_of(await acall_once(self._client, PES_ACQUIRE_SCRIPT, self._keys,
-                                                 (permit_id, ms, *self._acquire_extra)))
+        async def send(note: waiters.Note | None = None) -> int | None:
+            return self._ttl_of(await acall_once(self._client,
+                                                 *self._acquiring(note, permit_id, ms)))
 
         async def undo() -> None:
             await acall_once(self._client, PES_RELEASE_SCRIPT, self._keys,
                              (permit_id, *self._release_extra))
 
-        async def attempt() -> int | None:
+        async def attempt(note: waiters.Note | None = None) -> int | None:
             sent = time.monotonic()
-            ttl = await uncancellable(send, undo)
+            ttl = await uncancellable(lambda: send(note), undo)
             if ttl is None and lease_ms is None and not self._renewed(permit_id, sent):
                 again = time.monotonic()
                 return self._late_checked(permit_id, again, await acall_once(

@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from . import waiters
 from .errors import LockBusy, LockError
 from .kinds import Kind, declare
 from .lua import Script, source
@@ -231,6 +232,14 @@ class RateLimiterBase(Named):
         return (n, grant_id(), token, budget_ms, int(LINE_SLACK * 1000), recheck_ms,
                 *self._default)
 
+    def _sending(self, n: int, token: str, budget: float | None, note: waiters.Note | None
+                 ) -> tuple[Script, tuple[Any, ...], tuple[Any, ...]]:
+        """The attempt as sent; a waiter's (``note``) carries its record while in line."""
+        return waiters.noted(note, RATE_ACQUIRE_SCRIPT, (*self._keys, self._index),
+                             self._attempt_args(n, token, budget),
+                             "type(reply) == 'table' and tonumber(reply[1]) == 0",
+                             "math.floor(tonumber(reply[2]) / 1000)")
+
     def _park_ms(self, g: Grant, deadline: float | None) -> int:
         """How long the wait loop parks after a refusal (ms): until the permits can be had, or
         (out of line: not within the budget) until the budget ends, for the last try."""
@@ -302,22 +311,23 @@ class RateLimiter(RateLimiterBase):
         n = self._permits(permits)
         return self._take(n, self._wait_budget(wait_time))
 
-    def _send(self, n: int, token: str, budget: float | None) -> Grant:
-        return self._grant(call_once(self._client, RATE_ACQUIRE_SCRIPT,
-                                     (*self._keys, self._index),
-                                     self._attempt_args(n, token, budget)), n)
+    def _send(self, n: int, token: str, budget: float | None,
+              note: waiters.Note | None = None) -> Grant:
+        return self._grant(call_once(self._client, *self._sending(n, token, budget, note)), n)
 
     def _take(self, n: int, budget: float | None) -> Grant:
         t0 = time.monotonic()
         token = "" if budget == 0 else grant_id()
-        g = self._send(n, token, budget)
+        # A waiter in line shows from its first attempt: it may park long before the next.
+        note = self._note(t0, budget) if token else None
+        g = self._send(n, token, budget, note)
         if g.granted or g.code != REFUSED or not token:
             return g
         deadline = None if budget is None else time.monotonic() + budget
         last = [g]
 
         def attempt(claim: bool) -> int | None:
-            r = last[0] = self._send(n, token, self._left(deadline))
+            r = last[0] = self._send(n, token, self._left(deadline), note)
             return None if r.granted else self._park_ms(r, deadline)
 
         try:

@@ -28,6 +28,7 @@ import asyncio
 from types import TracebackType
 from typing import Any
 
+from . import waiters
 from .kinds import Kind, declare
 from .lua import Script, source
 from .named import (
@@ -56,6 +57,10 @@ SEM_DRAIN_SCRIPT = Script(SEM_DRAIN)
 
 
 # -- Semaphore ---------------------------------------------------------------------------------
+#: A waiter's record (``waiters.noting``): the acquire replies 0 while too few are free.
+_WAITING = "reply == 0"
+
+
 class _SemaphoreBase(Named):
     def __init__(self, client: Any, name: str, prefix: str = "", *, aio: bool = False,
                  sync_client: Any = None) -> None:
@@ -97,8 +102,9 @@ class Semaphore(_SemaphoreBase):
         if n == 0:
             return True
 
-        def attempt() -> int | None:
-            return self._ttl_of(call_once(self._client, SEM_ACQUIRE_SCRIPT, (self.key,), (n,)))
+        def attempt(note: waiters.Note | None = None) -> int | None:
+            return self._ttl_of(call_once(self._client, *waiters.noted(
+                note, SEM_ACQUIRE_SCRIPT, (self.key,), (n,), _WAITING)))
 
         return self._waits(attempt, budget)
 
@@ -161,14 +167,15 @@ class AsyncSemaphore(_SemaphoreBase):
         if n == 0:
             return True
 
-        async def send() -> int | None:
-            return self._ttl_of(await acall_once(self._client, SEM_ACQUIRE_SCRIPT, (self.key,),
-                                                 (n,)))
+        async def send(note: waiters.Note | None = None) -> int | None:
+            return self._ttl_of(await acall_once(self._client, *waiters.noted(
+                note, SEM_ACQUIRE_SCRIPT, (self.key,), (n,), _WAITING)))
 
         async def undo() -> None:
             await acall_once(self._client, SEM_RELEASE_SCRIPT, self._keys, (n,))
 
-        return await self._awaits(lambda: uncancellable(send, undo), budget)
+        return await self._awaits(
+            lambda note=None: uncancellable(lambda: send(note), undo), budget)
 
     async def release(self, permits: int = 1) -> None:
         n = self._count(permits)

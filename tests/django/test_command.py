@@ -64,7 +64,8 @@ FOREIGN = {"x": 1, "plain-hash": {b"field": b"value"}, "almost": {b"owner:12": b
 
 
 # -- list -----------------------------------------------------------------------------------
-HEADER = ["NAME", "KIND", "HOLDER", "HOLDS", "HOST", "PID", "PROCESS", "THREAD", "HELD", "TTL", "DETAILS"]
+HEADER = ["NAME", "KIND", "HOLDER", "HOLDS", "HOST", "PID", "PROCESS", "THREAD", "HELD", "TTL", "WAITING",
+          "DETAILS"]
 
 
 def table(out: str) -> list[dict[str, str]]:
@@ -106,7 +107,7 @@ def test_list_table_and_json(hold: Callable[..., RLock], db1: redis.Redis) -> No
     batch, orders = table(out)
     assert batch == {"NAME": "batch", "KIND": "lock", "HOLDER": "java-client:77", "HOLDS": "1",
                      "HOST": "-", "PID": "-", "PROCESS": "-", "THREAD": "-", "HELD": "-",
-                     "TTL": "no expiry", "DETAILS": ""}
+                     "TTL": "no expiry", "WAITING": "0", "DETAILS": ""}
     assert orders == row | {"HELD": orders["HELD"], "TTL": orders["TTL"]}
     assert out.splitlines()[-1] == "2 lock(s) under prefix 'demo:rlock:'."
     assert "plain-hash" not in out and "almost" not in out and "string" not in out
@@ -115,7 +116,7 @@ def test_list_table_and_json(hold: Callable[..., RLock], db1: redis.Redis) -> No
     assert [d["name"] for d in data] == ["batch", "orders/42:pay"]
     assert data[0] == {"name": "batch", "key": "demo:rlock:batch", "ttl": None, "holders": [
         {"client_id": "java-client", "thread_id": 77, "hold_count": 1, "host": None, "pid": None,
-         "process": None, "thread": None, "held_for": None}], "kind": "lock"}
+         "process": None, "thread": None, "held_for": None}], "kind": "lock", "waiters": []}
     client_id, thread_id = field.rsplit(":", 1)
     [holder] = data[1]["holders"]
     assert (holder["client_id"], holder["thread_id"], holder["hold_count"]) == (client_id, int(thread_id), 2)

@@ -93,7 +93,7 @@ def test_list_scan_tells_kinds_by_layout(db1: redis.Redis) -> None:
 def test_list_json_carries_the_kind_and_its_details(kinds: dict[str, str]) -> None:
     data = {d["name"]: d for d in json.loads(run("list", format="json"))}
     assert {n: d["kind"] for n, d in data.items()} == kinds
-    assert set(data["plain"]) == {"name", "key", "ttl", "holders", "kind"}
+    assert set(data["plain"]) == {"name", "key", "ttl", "holders", "kind", "waiters"}
     assert data["fair"]["queue_length"] == 2 and "queue" not in data["fair"]
     assert data["rw-w"]["mode"] == "write" and data["rw-w"]["writer"] == {"owner": f"{U2}:5",
                                                                           "hold_count": 1}

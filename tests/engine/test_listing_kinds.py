@@ -133,7 +133,7 @@ def test_every_kind_is_listed_from_the_index_with_its_details(r: redis.Redis) ->
     assert plain.details == {} and plain.summary() == ""
     assert [(h.owner, h.hold_count, h.thread) for h in plain.holders] == [(f"{U1}:1", 2, "T-1")]
     assert plain.as_dict()["kind"] == "lock" and set(plain.as_dict()) == {
-        "name", "key", "ttl", "holders", "kind"}
+        "name", "key", "ttl", "holders", "kind", "waiters"}
 
     fair = infos["fair"]
     assert fair.details == {"queue_length": 2} and fair.summary() == "queue 2"
@@ -157,7 +157,7 @@ def test_every_kind_is_listed_from_the_index_with_its_details(r: redis.Redis) ->
     sem = infos["sem"]
     assert (sem.details, sem.holders, sem.value, sem.ttl) == ({"permits": 3}, (), "3", float("inf"))
     assert sem.as_dict() == {"name": "sem", "key": "p:sem", "ttl": None, "holders": [],
-                             "kind": "semaphore", "permits": 3}
+                             "kind": "semaphore", "permits": 3, "waiters": []}
     assert infos["permits"].details == {"permits": 1, "taken": 2}
     assert infos["permits"].summary() == "1 available, 2 taken"
     assert infos["latch"].details == {"count": 4} and infos["latch"].summary() == "count 4"

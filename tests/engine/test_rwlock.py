@@ -606,15 +606,15 @@ def test_a_message_during_a_woken_waiters_retry_is_not_lost(r, holders):
     real = waiter._attempt
     calls: list[bool] = []  # 1: before waiting; 2: on entering the queue; 3: woken
 
-    def attempt(k, lease_ms, t0, claim=False):
+    def attempt(k, lease_ms, t0, claim=False, reg=None):  # reg: a retry's waiter record
         calls.append(claim)
         if len(calls) == 3:                      # the retry woken by the write unlock:
             reader.call(read.lock)               # a reader barges in first (non-fair)
-            ttl = real(k, lease_ms, t0, claim)   # so this retry fails, with a 30 s PTTL
+            ttl = real(k, lease_ms, t0, claim, reg)  # so this retry fails, with a 30 s PTTL
             reader.call(read.unlock)             # the lock is free, "0" is published ...
             time.sleep(0.3)                      # ... and arrives while the retry is active
             return ttl
-        return real(k, lease_ms, t0, claim)
+        return real(k, lease_ms, t0, claim, reg)
 
     waiter._attempt = attempt
     got = holders().submit(lambda: waiter.try_lock(wait_time=5))

@@ -12,7 +12,8 @@
 -- owner was granted the lock meanwhile and holds it already: nothing is counted twice; the
 -- grant's short lease is now the full one); else the holder's PTTL (-1: no expiry), and the
 -- waiter is registered: queued once per token, its entry valid until its budget ends or the
--- holder's PTTL plus the slack has passed (it re-registers on every retry).
+-- holder's PTTL plus the slack has passed (it re-registers on every retry), its holder info
+-- stamped with the server's TIME of the first registration (listing: waiting since).
 
 if ARGV[4] == 'claim' and redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
   redis.call('pexpire', KEYS[1], ARGV[1])
@@ -46,10 +47,18 @@ if ARGV[5] then
   valid = valid + tonumber(ARGV[7])
   local budget = tonumber(ARGV[6])
   if budget >= 0 and budget < valid then valid = budget end
-  local entry = (now + valid) .. ' ' .. ARGV[8] .. ' ' .. ARGV[3]
-  if redis.call('hexists', KEYS[4], ARGV[5]) == 0 then
+  -- #include stamped
+  -- waiting since: the server's TIME of the wait's first registration, kept by the next ones
+  local old = redis.call('hget', KEYS[4], ARGV[5])
+  local body = nil
+  if old then
+    local a = string.find(old, ' ', 1, true)
+    local b = a and string.find(old, ' ', a + 1, true)
+    if b and tonumber(string.sub(old, 1, a - 1)) > now then body = string.sub(old, b + 1) end
+  else
     redis.call('rpush', KEYS[3], ARGV[5])
   end
+  local entry = (now + valid) .. ' ' .. ARGV[8] .. ' ' .. (body or stamped(ARGV[3], now))
   redis.call('hset', KEYS[4], ARGV[5], entry)
   if redis.call('pttl', KEYS[4]) < valid then
     redis.call('pexpire', KEYS[4], valid)

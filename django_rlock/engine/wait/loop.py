@@ -20,6 +20,7 @@ from typing import Any
 
 from .. import events
 from ..scripts import CLAIMED
+from ..waiters import Parked
 from . import settings
 from .channel import WakePolicy
 from .manager import PubSubManager, manager
@@ -109,14 +110,15 @@ def _over(deadline: float | None) -> bool:
 def wait(w: Wait, attempt: Callable[[bool], int | None], budget: float | None,
          give_back: Callable[[], Any] | None = None, park_until: float = 0.0,
          withdraw: Callable[[], Any] | None = None,
-         verify: Callable[[], bool] | None = None) -> bool:
+         verify: Callable[[], bool] | None = None, parked: Parked | None = None) -> bool:
     """Wait for ``attempt`` to succeed within ``budget`` seconds (None: forever).
 
     ``give_back`` undoes a hand-off that reached us as we gave up (RLock's only, invariant 7);
     ``withdraw`` takes our entry out of the cross-process hand-off queue (or gives back the
     grant that raced with our giving up, invariant 24). ``verify()`` decides whether a grant
     booked for us may be returned as a hold (invariant 31): False means it was gone in Redis
-    and is unbooked; the wait goes on.
+    and is unbooked; the wait goes on. ``parked``: the waiter's record, written if the park
+    before its first attempt (``park_until``) lasts, taken out as it ends (invariant 41).
     """
     deadline = None if budget is None else time.monotonic() + budget
     sub_timeout = settings.SUBSCRIBE_TIMEOUT
@@ -133,6 +135,8 @@ def wait(w: Wait, attempt: Callable[[bool], int | None], budget: float | None,
             slot.confirmed.wait(sub_timeout)
         if park_until:
             end = park_until if deadline is None else min(park_until, deadline)
+            if parked is not None:
+                parked.start(end)  # its record, if the park lasts (invariant 41)
             acquired = slot.park(end - time.monotonic())
         while True:
             while not acquired:
@@ -165,6 +169,8 @@ def wait(w: Wait, attempt: Callable[[bool], int | None], budget: float | None,
         granted = slot.leave()
         if events.listeners:
             _ended(w, acquired, ended, granted)
+        if parked is not None:
+            parked.forget()
         if not acquired:
             try:
                 if granted and give_back is not None:
@@ -180,7 +186,8 @@ async def await_(w: Wait, attempt: Callable[[bool], Awaitable[int | None]],
                  budget: float | None, give_back: Callable[[], Awaitable[Any]] | None = None,
                  park_until: float = 0.0,
                  withdraw: Callable[[], Awaitable[Any]] | None = None,
-                 verify: Callable[[], Awaitable[bool]] | None = None) -> bool:
+                 verify: Callable[[], Awaitable[bool]] | None = None,
+                 parked: Parked | None = None) -> bool:
     """``wait`` for an asyncio task: it parks on its own loop, never on a thread."""
     deadline = None if budget is None else time.monotonic() + budget
     sub_timeout = settings.SUBSCRIBE_TIMEOUT
@@ -205,6 +212,8 @@ async def await_(w: Wait, attempt: Callable[[bool], Awaitable[int | None]],
                 pass
         if park_until:
             end = park_until if deadline is None else min(park_until, deadline)
+            if parked is not None:
+                parked.start(end)
             acquired = await slot.apark(end - time.monotonic())
         while True:
             while not acquired:
@@ -237,6 +246,8 @@ async def await_(w: Wait, attempt: Callable[[bool], Awaitable[int | None]],
         granted = await slot.aleave()
         if events.listeners:
             _ended(w, acquired, ended, granted)
+        if parked is not None:
+            parked.forget()
         if not acquired:
             # Handed the lock just as we gave up (budget spent, cancelled): give it back
             # ourselves, now, as its owner (invariant 7); or take our place in line back

@@ -9,6 +9,7 @@ lock's queue, a fenced lock's token.
 
 from __future__ import annotations
 
+import datetime
 import json
 from typing import Any
 
@@ -52,14 +53,15 @@ class Command(BaseCommand):
             return p
 
         p = command("list", "List every live lock: name, kind, holders (client id, thread id, hold "
-                            "count, host, pid, process, thread, how long held), TTL, the kind's "
-                            "details.")
+                            "count, host, pid, process, thread, how long held), TTL, how many "
+                            "wait for it, the kind's details.")
         p.add_argument("--match", default="*", help="Only names matching this Redis glob (default: *).")
         p.add_argument("--format", choices=["table", "json"], default="table")
         p.add_argument("--scan", action="store_true", help=SCAN_HELP)
 
         p = command("show", "Show one lock: its kind, holders, TTL, the kind's details (a fair "
-                            "lock's queue, each permit's lease) and raw hash or value.")
+                            "lock's queue, each permit's lease), who waits for it (since when) "
+                            "and raw hash or value.")
         p.add_argument("name")
         p.add_argument("--format", choices=["table", "json"], default="table")
 
@@ -105,8 +107,9 @@ class Command(BaseCommand):
             self.stdout.write(f"No locks under prefix {inspector.prefix!r}.")
             return
         header = ("NAME", "KIND", "HOLDER", "HOLDS", "HOST", "PID", "PROCESS", "THREAD", "HELD",
-                  "TTL", "DETAILS")
-        rows = [(info.name, info.kind, *_holder_cells(h), format_ttl(info.ttl), info.summary())
+                  "TTL", "WAITING", "DETAILS")
+        rows = [(info.name, info.kind, *_holder_cells(h), format_ttl(info.ttl),
+                 str(len(info.waiters)), info.summary())
                 for info in locks for h in (info.holders or (None,))]
         widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
         self.stdout.write(self.style.MIGRATE_HEADING(_row(header, widths)))
@@ -127,6 +130,9 @@ class Command(BaseCommand):
             self.stdout.write(line)
         for h in info.holders:
             self.stdout.write(_show_holder(h))
+        self.stdout.write(f"waiting: {len(info.waiters)}")
+        for w in info.waiters:
+            self.stdout.write(_show_waiter(w))
         if info.value is not None:
             self.stdout.write(f"value: {info.value}")
             return
@@ -192,6 +198,16 @@ def _show_holder(h: Holder) -> str:
     lines = [("holder", h.field), ("  hold count", h.hold_count),
              ("  host", h.host), ("  pid", h.pid), ("  process", h.process), ("  thread", h.thread),
              ("  os thread id", h.os_thread_id), ("  held for", format_held(h.held_for))]
+    return "\n".join(f"{label + ':':<16}{_cell(value)}" for label, value in lines)
+
+
+def _show_waiter(w: Any) -> str:
+    """One waiter (``waiters.Waiter``): who, where, since when (server time)."""
+    since = datetime.datetime.fromtimestamp(w.since, datetime.UTC)
+    lines = [("waiter", w.owner), ("  host", w.host), ("  pid", w.pid),
+             ("  process", w.process), ("  thread", w.thread),
+             ("  since", since.isoformat(timespec="milliseconds")),
+             ("  waiting for", format_held(w.waiting_for))]
     return "\n".join(f"{label + ':':<16}{_cell(value)}" for label, value in lines)
 
 
