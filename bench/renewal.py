@@ -3,12 +3,23 @@
 Runs in a freshly spawned process so that the only django-rlock thread alive is the one
 watchdog (no pub/sub listener, no holds left over from other phases); its main thread just
 sleeps while the locks are held, so the process's CPU time is the watchdog's.
+
+Run alone it compares the watchdog's server CPU with its floor in one run, on one server
+(issue #22)::
+
+    python -m bench.renewal [--locks 100000] [--timeout 3] [--rounds 2] [--baseline REF]
+
+the floor being one pipeline of ``PEXPIRE`` per key per period, sent as the watchdog sends
+(pipelines of 1,000), from a process that holds the same number of lock hashes; with
+``--baseline REF`` the watchdog as it is at git revision REF runs too (its ``django_rlock``
+extracted and imported by its process). Variants take turns each round.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import queue
+import sys
 import threading
 import time
 import traceback
@@ -62,8 +73,10 @@ def _thread_cpu(t: threading.Thread | None) -> float:
 
 
 def _child(socket_path: str, n: int, watchdog_timeout: float, settle: float, observe: float,
-           out: Any) -> None:
+           out: Any, code: str | None = None) -> None:
     try:
+        if code is not None:
+            sys.path.insert(0, code)
         from django_rlock import RLock
         from django_rlock.engine.watchdog import watchdog
 
@@ -113,14 +126,70 @@ def _child(socket_path: str, n: int, watchdog_timeout: float, settle: float, obs
 
 
 def run(server: RedisServer, n: int = 10_000, watchdog_timeout: float = 3.0, settle: float = 2.0,
-        observe: float = 8.0) -> WResult:
-    """``settle`` and ``observe`` are in watchdog periods (``watchdog_timeout / 3``)."""
+        observe: float = 8.0, code: str | None = None) -> WResult:
+    """``settle`` and ``observe`` are in watchdog periods (``watchdog_timeout / 3``); ``code``:
+    a directory to import ``django_rlock`` from instead of this tree."""
+    return _spawn(_child, (server.socket_path, n, watchdog_timeout, settle, observe),
+                  120 + n / 500 + (settle + observe) * watchdog_timeout / 3.0, code)
+
+
+def _floor_child(socket_path: str, n: int, watchdog_timeout: float, settle: float,
+                 observe: float, out: Any, code: str | None = None) -> None:
+    """The floor: ``n`` lock hashes (one owner field each, like a held RLock's), and per period
+    one ``PEXPIRE`` per key in pipelines of 1,000. Reports server CPU ms per period."""
+    try:
+        client = redis.Redis(unix_socket_path=socket_path)
+        stats = redis.Redis(unix_socket_path=socket_path)
+        keys = [f"bench:f:{i}" for i in range(n)]
+        owner = "0b4f6d3e-2a41-4a83-9f0e-5d1c2b7a9e10:1"
+        for i in range(0, n, 1000):
+            pipe = client.pipeline(transaction=False)
+            for k in keys[i:i + 1000]:
+                pipe.hset(k, owner, 1)
+                pipe.pexpire(k, int(watchdog_timeout * 1000))
+            pipe.execute()
+        period = watchdog_timeout / 3.0
+
+        def sweep() -> None:
+            for i in range(0, n, 1000):
+                pipe = client.pipeline(transaction=False)
+                for k in keys[i:i + 1000]:
+                    pipe.pexpire(k, int(watchdog_timeout * 1000))
+                pipe.execute()
+
+        at = time.monotonic()
+        for _ in range(int(settle)):
+            sweep()
+            at += period
+            time.sleep(max(0.0, at - time.monotonic()))
+        _, _, rc0 = _server_sample(stats)
+        w0 = time.monotonic()
+        for _ in range(int(observe)):
+            sweep()
+            at += period
+            time.sleep(max(0.0, at - time.monotonic()))
+        _, _, rc1 = _server_sample(stats)
+        periods = (time.monotonic() - w0) / period
+        client.delete(*keys[:1000])
+        for i in range(1000, n, 1000):
+            client.delete(*keys[i:i + 1000])
+        out.put(("ok", (rc1 - rc0) / periods))
+    except Exception:
+        out.put(("error", traceback.format_exc()))
+
+
+def floor(server: RedisServer, n: int = 10_000, watchdog_timeout: float = 3.0,
+          settle: float = 2.0, observe: float = 8.0) -> float:
+    """Server CPU ms per period of the floor (``_floor_child``)."""
+    return _spawn(_floor_child, (server.socket_path, n, watchdog_timeout, settle, observe),
+                  120 + (settle + observe) * watchdog_timeout / 3.0, None)
+
+
+def _spawn(target: Any, args: tuple[Any, ...], budget: float, code: str | None) -> Any:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    p = ctx.Process(target=_child, args=(server.socket_path, n, watchdog_timeout, settle, observe, out),
-                    daemon=True)
+    p = ctx.Process(target=target, args=(*args, out, code), daemon=True)
     p.start()
-    budget = 120 + (settle + observe) * watchdog_timeout / 3.0
     try:
         deadline = time.monotonic() + budget
         while True:
@@ -138,3 +207,57 @@ def run(server: RedisServer, n: int = 10_000, watchdog_timeout: float = 3.0, set
         if p.is_alive():
             p.terminate()
             p.join(5)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import statistics
+
+    from bench import renewal  # this module by its importable name (spawned children)
+    from bench.manykeys import extract
+
+    ap = argparse.ArgumentParser(description="watchdog server CPU vs one PEXPIRE pipeline")
+    ap.add_argument("--locks", type=int, default=100_000)
+    ap.add_argument("--timeout", type=float, default=3.0, help="watchdog_timeout (s)")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--observe", type=float, default=8.0, help="periods measured")
+    ap.add_argument("--baseline", metavar="REF", help="also run the watchdog of git REF")
+    args = ap.parse_args(argv)
+    variants: dict[str, str | None] = {"floor (PEXPIRE pipeline)": None, "RLock": None}
+    if args.baseline:
+        variants[f"RLock ({args.baseline})"] = extract(args.baseline)
+    cpu: dict[str, list[float]] = {v: [] for v in variants}
+    scripts: dict[str, list[float]] = {v: [] for v in variants}
+    trips: dict[str, list[float]] = {v: [] for v in variants}
+    with RedisServer() as server:
+        names = list(variants)
+        for rnd in range(args.rounds):
+            for v in names[rnd % len(names):] + names[:rnd % len(names)]:
+                if v.startswith("floor"):
+                    cpu[v].append(renewal.floor(server, args.locks, args.timeout,
+                                                observe=args.observe))
+                else:
+                    w = renewal.run(server, args.locks, args.timeout, observe=args.observe,
+                                    code=variants[v])
+                    assert w.alive == args.locks, f"{v}: {args.locks - w.alive} lock(s) lost"
+                    cpu[v].append(w.redis_cpu_ms)
+                    scripts[v].append(w.server_evalsha)
+                    trips[v].append(w.round_trips)
+                print(f"  round {rnd + 1} {v}: {cpu[v][-1]:.0f} ms server CPU per period",
+                      file=sys.stderr, flush=True)
+    period = args.timeout / 3.0
+    base = statistics.median(cpu[names[0]])
+    print(f"{args.locks:,} held locks, watchdog_timeout {args.timeout:g} s (period "
+          f"{period:g} s), {args.rounds} rounds (medians), unix socket\n")
+    print("| variant | server CPU ms/s | x floor | EVALSHA per period | round trips per period |")
+    print("|---|---|---|---|---|")
+    for v in names:
+        m = statistics.median(cpu[v])
+        ev = f"{statistics.median(scripts[v]):.0f}" if scripts[v] else "-"
+        rt = f"{statistics.median(trips[v]):.0f}" if trips[v] else f"{args.locks / 1000:.0f}"
+        print(f"| {v} | {m / period:.0f} | {m / base:.2f} | {ev} | {rt} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

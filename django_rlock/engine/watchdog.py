@@ -32,7 +32,7 @@ from redis.exceptions import AskError, MovedError, NoScriptError
 from . import events, process, replicas, windows
 from .clients import cluster_of, is_cluster_node, node_client, refresh
 from .holds import INF, Hold, HoldKey, HoldKind, LostCallback, server_id
-from .renewal import Lateness, Scheduler, renew_calls
+from .renewal import Lateness, Scheduler, renew_calls, results
 from .scripts import Script
 
 logger = logging.getLogger("django_rlock")
@@ -347,17 +347,15 @@ class Watchdog:
         """Renew every hold of one server in one pipeline (with WAIT behind, on a master with
         replicas): a batched script per kind. Returns the per-hold results, in ``group``
         order, and whether the renewals reached a replica."""
-        calls, order = renew_calls(group, is_cluster_node(client), time.monotonic())
+        calls, order, shapes = renew_calls(group, is_cluster_node(client), time.monotonic())
         replicas_now = _replicas(client, group[0].server)
         # Never wait on replicas longer than a third of the shortest period: the pipeline's
         # RENEW already ran, and the next sweep must not find this server still busy.
         wait_ms = max(1, min(1000, int(min(h.period for h in group) * 1000 / 3)))
         wait = (replicas_now, wait_ms) if replicas_now else None
-        out: list[int] = []
         replies = self._pipeline(client, calls, wait)
         acked = replies.pop() if wait is not None else None
-        for reply in replies:
-            out.extend(int(x) for x in reply)
+        out = results(replies, shapes)
         self.renewed += len(out)
         by_hold = {id(h): r for h, r in zip(order, out, strict=False)}
         return [by_hold.get(id(h), 0) for h in group], wait is None or (
