@@ -12,7 +12,15 @@ Run alone it compares the watchdog's server CPU with its floor in one run, on on
 the floor being one pipeline of ``PEXPIRE`` per key per period, sent as the watchdog sends
 (pipelines of 1,000), from a process that holds the same number of lock hashes; with
 ``--baseline REF`` the watchdog as it is at git revision REF runs too (its ``django_rlock``
-extracted and imported by its process). Variants take turns each round.
+extracted and imported by its process). Each round runs the variants at once, each in its
+own process on its own server, and measures them over the same periods (a load change on a
+shared machine hits them alike), once all have taken their locks.
+
+``--scripts`` measures the renew scripts alone, without the watchdog around them: the same
+lock hashes renewed over and over in one process, the variants interleaved sweep by sweep
+(so a load change on a shared machine hits them alike): the ``PEXPIRE`` pipeline, the
+per-key layout (``renew.lua``, what the watchdog sent before #22) and ``renew_many.lua``,
+each in pipelines of 1,000 keys, ``RENEW_BATCH`` keys a script.
 """
 
 from __future__ import annotations
@@ -73,7 +81,7 @@ def _thread_cpu(t: threading.Thread | None) -> float:
 
 
 def _child(socket_path: str, n: int, watchdog_timeout: float, settle: float, observe: float,
-           out: Any, code: str | None = None) -> None:
+           out: Any, code: str | None = None, gate: Any = None) -> None:
     try:
         if code is not None:
             sys.path.insert(0, code)
@@ -90,6 +98,9 @@ def _child(socket_path: str, n: int, watchdog_timeout: float, settle: float, obs
         period = watchdog_timeout / 3.0
         # Let the acquisition burst settle into the steady sweep schedule.
         time.sleep(settle * period)
+        if gate is not None:  # measured in the same window as the other variants
+            gate[0].put("ready")
+            gate[1].wait(1200)
         wd = watchdog()
         wd_threads = [t for t in threading.enumerate() if t.name == WATCHDOG_THREAD]
         wdt = wd_threads[0] if wd_threads else None
@@ -111,8 +122,13 @@ def _child(socket_path: str, n: int, watchdog_timeout: float, settle: float, obs
                 pipe.pttl(name)
             ttls.extend(int(x) for x in pipe.execute())
         t0 = time.perf_counter()
+        from django_rlock import LockNotOwnedError
+
         for lk in locks:
-            lk.unlock()
+            try:
+                lk.unlock()
+            except LockNotOwnedError:
+                pass  # lost (counted by ``alive``)
         release_s = time.perf_counter() - t0
         left = sum(int(client.exists(*names[i:i + 1000])) for i in range(0, n, 1000))
         out.put(("ok", WResult(
@@ -134,7 +150,7 @@ def run(server: RedisServer, n: int = 10_000, watchdog_timeout: float = 3.0, set
 
 
 def _floor_child(socket_path: str, n: int, watchdog_timeout: float, settle: float,
-                 observe: float, out: Any, code: str | None = None) -> None:
+                 observe: float, out: Any, code: str | None = None, gate: Any = None) -> None:
     """The floor: ``n`` lock hashes (one owner field each, like a held RLock's), and per period
     one ``PEXPIRE`` per key in pipelines of 1,000. Reports server CPU ms per period."""
     try:
@@ -162,6 +178,12 @@ def _floor_child(socket_path: str, n: int, watchdog_timeout: float, settle: floa
             sweep()
             at += period
             time.sleep(max(0.0, at - time.monotonic()))
+        if gate is not None:
+            gate[0].put("ready")
+            while not gate[1].is_set():  # the keys' TTLs run on meanwhile
+                sweep()
+                at += period
+                time.sleep(max(0.0, at - time.monotonic()))
         _, _, rc0 = _server_sample(stats)
         w0 = time.monotonic()
         for _ in range(int(observe)):
@@ -183,6 +205,52 @@ def floor(server: RedisServer, n: int = 10_000, watchdog_timeout: float = 3.0,
     """Server CPU ms per period of the floor (``_floor_child``)."""
     return _spawn(_floor_child, (server.socket_path, n, watchdog_timeout, settle, observe),
                   120 + (settle + observe) * watchdog_timeout / 3.0, None)
+
+
+def together(jobs: list[tuple[Any, tuple[Any, ...], str | None]], budget: float) -> list[Any]:
+    """Run the children ``(target, args, code)`` at once, each on its own server, and measure
+    them in one window: each says when it is ready (its locks taken and settled), and all
+    start measuring when the last is. A load change on a shared machine hits them alike."""
+    ctx = mp.get_context("spawn")
+    ready = ctx.Queue()
+    go = ctx.Event()
+    outs, procs = [], []
+    for target, args, code in jobs:
+        out = ctx.Queue()
+        p = ctx.Process(target=target, args=(*args, out, code, (ready, go)), daemon=True)
+        p.start()
+        outs.append(out)
+        procs.append(p)
+    try:
+        deadline = time.monotonic() + budget
+        for _ in jobs:
+            while True:
+                try:
+                    ready.get(timeout=1.0)
+                    break
+                except queue.Empty:
+                    if any(p.exitcode is not None for p in procs) or time.monotonic() > deadline:
+                        for out in outs:  # a child that failed says why
+                            try:
+                                kind, payload = out.get_nowait()
+                                raise RuntimeError(f"watchdog benchmark failed:\n{payload}")
+                            except queue.Empty:
+                                pass
+                        raise RuntimeError("watchdog benchmark process died or hung") from None
+        go.set()
+        results = []
+        for out in outs:
+            kind, payload = out.get(timeout=budget)
+            if kind != "ok":
+                raise RuntimeError(f"watchdog benchmark failed:\n{payload}")
+            results.append(payload)
+        return results
+    finally:
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.terminate()
+                p.join(5)
 
 
 def _spawn(target: Any, args: tuple[Any, ...], budget: float, code: str | None) -> Any:
@@ -209,6 +277,54 @@ def _spawn(target: Any, args: tuple[Any, ...], budget: float, code: str | None) 
             p.join(5)
 
 
+def script_costs(server: RedisServer, n: int, rounds: int) -> dict[str, list[float]]:
+    """Server CPU us per key renewed, per variant and round (``--scripts``)."""
+    from django_rlock.engine.renewal import RENEW_BATCH, RENEW_MANY_SCRIPT
+    from django_rlock.engine.scripts import RENEW_SCRIPT
+
+    client = redis.Redis(unix_socket_path=server.socket_path)
+    owner = "0b4f6d3e-2a41-4a83-9f0e-5d1c2b7a9e10:1"
+    keys = [f"bench:s:{i}" for i in range(n)]
+    for i in range(0, n, 1000):
+        pipe = client.pipeline(transaction=False)
+        for k in keys[i:i + 1000]:
+            pipe.hincrby(k, owner, 1)
+            pipe.pexpire(k, 60_000)
+        pipe.execute()
+    per_key = client.script_load(RENEW_SCRIPT.source)
+    many = client.script_load(RENEW_MANY_SCRIPT.source)
+
+    def floor(part: list[str], pipe: Any) -> None:
+        for k in part:
+            pipe.pexpire(k, 60_000)
+
+    def old(part: list[str], pipe: Any) -> None:
+        for j in range(0, len(part), RENEW_BATCH):
+            chunk = part[j:j + RENEW_BATCH]
+            pipe.evalsha(per_key, len(chunk), *chunk, *[a for _ in chunk for a in (owner, 60_000)])
+
+    def new(part: list[str], pipe: Any) -> None:
+        for j in range(0, len(part), RENEW_BATCH):
+            chunk = part[j:j + RENEW_BATCH]
+            pipe.evalsha(many, len(chunk), *chunk, owner, 60_000, len(chunk))
+
+    variants = {"floor (PEXPIRE pipeline)": floor, "renew.lua (owner, lease per key)": old,
+                "renew_many.lua (owner, lease per run)": new}
+    out: dict[str, list[float]] = {v: [] for v in variants}
+    for _ in range(rounds):
+        for v, fill in variants.items():
+            before = _server_sample(client)[2]
+            for i in range(0, n, 1000):
+                pipe = client.pipeline(transaction=False)
+                fill(keys[i:i + 1000], pipe)
+                replies = pipe.execute()
+                assert all(r == 1 or r == [] or r == [1] * len(r) for r in replies)
+            out[v].append((_server_sample(client)[2] - before) * 1e3 / n)
+    for i in range(0, n, 1000):
+        client.delete(*keys[i:i + 1000])
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
     import statistics
@@ -222,40 +338,66 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--observe", type=float, default=8.0, help="periods measured")
     ap.add_argument("--baseline", metavar="REF", help="also run the watchdog of git REF")
+    ap.add_argument("--scripts", action="store_true",
+                    help="the renew scripts alone, interleaved (no watchdog)")
     args = ap.parse_args(argv)
+    if args.scripts:
+        with RedisServer() as server:
+            res = script_costs(server, args.locks, args.rounds)
+        base = statistics.median(res["floor (PEXPIRE pipeline)"])
+        print(f"{args.locks:,} lock hashes renewed, {args.rounds} interleaved sweeps each "
+              f"(medians), unix socket\n")
+        print("| variant | server CPU us/key | x floor | range over sweeps |")
+        print("|---|---|---|---|")
+        for v, xs in res.items():
+            m = statistics.median(xs)
+            print(f"| {v} | {m:.2f} | {m / base:.2f} | {min(xs) / base:.2f}-{max(xs) / base:.2f} |")
+        return 0
     variants: dict[str, str | None] = {"floor (PEXPIRE pipeline)": None, "RLock": None}
     if args.baseline:
         variants[f"RLock ({args.baseline})"] = extract(args.baseline)
     cpu: dict[str, list[float]] = {v: [] for v in variants}
     scripts: dict[str, list[float]] = {v: [] for v in variants}
     trips: dict[str, list[float]] = {v: [] for v in variants}
-    with RedisServer() as server:
-        names = list(variants)
-        for rnd in range(args.rounds):
-            for v in names[rnd % len(names):] + names[:rnd % len(names)]:
-                if v.startswith("floor"):
-                    cpu[v].append(renewal.floor(server, args.locks, args.timeout,
-                                                observe=args.observe))
-                else:
-                    w = renewal.run(server, args.locks, args.timeout, observe=args.observe,
-                                    code=variants[v])
-                    assert w.alive == args.locks, f"{v}: {args.locks - w.alive} lock(s) lost"
-                    cpu[v].append(w.redis_cpu_ms)
-                    scripts[v].append(w.server_evalsha)
-                    trips[v].append(w.round_trips)
-                print(f"  round {rnd + 1} {v}: {cpu[v][-1]:.0f} ms server CPU per period",
-                      file=sys.stderr, flush=True)
+    alive: dict[str, list[int]] = {v: [] for v in variants}
+    names = list(variants)
+    for rnd in range(args.rounds):
+        servers = [RedisServer() for _ in names]
+        try:
+            for srv in servers:
+                srv.__enter__()
+            jobs = [((renewal._floor_child if v.startswith("floor") else renewal._child),
+                     (srv.socket_path, args.locks, args.timeout, 2.0, args.observe), variants[v])
+                    for v, srv in zip(names, servers, strict=True)]
+            got = renewal.together(jobs, 600 + args.locks / 200)
+        finally:
+            for srv in servers:
+                srv.__exit__(None, None, None)
+        for v, w in zip(names, got, strict=True):
+            if isinstance(w, float):
+                cpu[v].append(w)
+            else:
+                cpu[v].append(w.redis_cpu_ms)
+                scripts[v].append(w.server_evalsha)
+                trips[v].append(w.round_trips)
+                alive[v].append(w.alive)
+            print(f"  round {rnd + 1} {v}: {cpu[v][-1]:.0f} ms server CPU per period",
+                  file=sys.stderr, flush=True)
     period = args.timeout / 3.0
     base = statistics.median(cpu[names[0]])
     print(f"{args.locks:,} held locks, watchdog_timeout {args.timeout:g} s (period "
-          f"{period:g} s), {args.rounds} rounds (medians), unix socket\n")
-    print("| variant | server CPU ms/s | x floor | EVALSHA per period | round trips per period |")
-    print("|---|---|---|---|---|")
+          f"{period:g} s), {args.rounds} rounds (medians; the variants run at once, each on "
+          f"its own server, measured over the same {args.observe:g} periods), unix socket\n")
+    print("| variant | server CPU ms/s | x floor | rounds (x floor) | EVALSHA per period | "
+          "round trips per period | locks kept |")
+    print("|---|---|---|---|---|---|---|")
     for v in names:
         m = statistics.median(cpu[v])
         ev = f"{statistics.median(scripts[v]):.0f}" if scripts[v] else "-"
         rt = f"{statistics.median(trips[v]):.0f}" if trips[v] else f"{args.locks / 1000:.0f}"
-        print(f"| {v} | {m / period:.0f} | {m / base:.2f} | {ev} | {rt} |")
+        each = ", ".join(f"{x / y:.2f}" for x, y in zip(cpu[v], cpu[names[0]], strict=True))
+        kept = f"{min(alive[v]):,}" if alive[v] else "-"
+        print(f"| {v} | {m / period:.0f} | {m / base:.2f} | {each} | {ev} | {rt} | {kept} |")
     return 0
 
 
