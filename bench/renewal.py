@@ -12,9 +12,9 @@ Run alone it compares the watchdog's server CPU with its floor in one run, on on
 the floor being one pipeline of ``PEXPIRE`` per key per period, sent as the watchdog sends
 (pipelines of 1,000), from a process that holds the same number of lock hashes; with
 ``--baseline REF`` the watchdog as it is at git revision REF runs too (its ``django_rlock``
-extracted and imported by its process). Each round runs the variants at once, each in its
-own process on its own server, and measures them over the same periods (a load change on a
-shared machine hits them alike), once all have taken their locks.
+extracted and imported by its process). The variants take turns, rotated each round, on one
+server. (Run at once, each on a server of its own, two 100,000-lock watchdogs and their
+acquires overload two shared cores: renewals go out late and locks are lost.)
 
 ``--scripts`` measures the renew scripts alone, without the watchdog around them: the same
 lock hashes renewed over and over in one process, the variants interleaved sweep by sweep
@@ -81,7 +81,7 @@ def _thread_cpu(t: threading.Thread | None) -> float:
 
 
 def _child(socket_path: str, n: int, watchdog_timeout: float, settle: float, observe: float,
-           out: Any, code: str | None = None, gate: Any = None) -> None:
+           out: Any, code: str | None = None) -> None:
     try:
         if code is not None:
             sys.path.insert(0, code)
@@ -98,9 +98,6 @@ def _child(socket_path: str, n: int, watchdog_timeout: float, settle: float, obs
         period = watchdog_timeout / 3.0
         # Let the acquisition burst settle into the steady sweep schedule.
         time.sleep(settle * period)
-        if gate is not None:  # measured in the same window as the other variants
-            gate[0].put("ready")
-            gate[1].wait(1200)
         wd = watchdog()
         wd_threads = [t for t in threading.enumerate() if t.name == WATCHDOG_THREAD]
         wdt = wd_threads[0] if wd_threads else None
@@ -150,7 +147,7 @@ def run(server: RedisServer, n: int = 10_000, watchdog_timeout: float = 3.0, set
 
 
 def _floor_child(socket_path: str, n: int, watchdog_timeout: float, settle: float,
-                 observe: float, out: Any, code: str | None = None, gate: Any = None) -> None:
+                 observe: float, out: Any, code: str | None = None) -> None:
     """The floor: ``n`` lock hashes (one owner field each, like a held RLock's), and per period
     one ``PEXPIRE`` per key in pipelines of 1,000. Reports server CPU ms per period."""
     try:
@@ -178,12 +175,6 @@ def _floor_child(socket_path: str, n: int, watchdog_timeout: float, settle: floa
             sweep()
             at += period
             time.sleep(max(0.0, at - time.monotonic()))
-        if gate is not None:
-            gate[0].put("ready")
-            while not gate[1].is_set():  # the keys' TTLs run on meanwhile
-                sweep()
-                at += period
-                time.sleep(max(0.0, at - time.monotonic()))
         _, _, rc0 = _server_sample(stats)
         w0 = time.monotonic()
         for _ in range(int(observe)):
@@ -205,52 +196,6 @@ def floor(server: RedisServer, n: int = 10_000, watchdog_timeout: float = 3.0,
     """Server CPU ms per period of the floor (``_floor_child``)."""
     return _spawn(_floor_child, (server.socket_path, n, watchdog_timeout, settle, observe),
                   120 + (settle + observe) * watchdog_timeout / 3.0, None)
-
-
-def together(jobs: list[tuple[Any, tuple[Any, ...], str | None]], budget: float) -> list[Any]:
-    """Run the children ``(target, args, code)`` at once, each on its own server, and measure
-    them in one window: each says when it is ready (its locks taken and settled), and all
-    start measuring when the last is. A load change on a shared machine hits them alike."""
-    ctx = mp.get_context("spawn")
-    ready = ctx.Queue()
-    go = ctx.Event()
-    outs, procs = [], []
-    for target, args, code in jobs:
-        out = ctx.Queue()
-        p = ctx.Process(target=target, args=(*args, out, code, (ready, go)), daemon=True)
-        p.start()
-        outs.append(out)
-        procs.append(p)
-    try:
-        deadline = time.monotonic() + budget
-        for _ in jobs:
-            while True:
-                try:
-                    ready.get(timeout=1.0)
-                    break
-                except queue.Empty:
-                    if any(p.exitcode is not None for p in procs) or time.monotonic() > deadline:
-                        for out in outs:  # a child that failed says why
-                            try:
-                                kind, payload = out.get_nowait()
-                                raise RuntimeError(f"watchdog benchmark failed:\n{payload}")
-                            except queue.Empty:
-                                pass
-                        raise RuntimeError("watchdog benchmark process died or hung") from None
-        go.set()
-        results = []
-        for out in outs:
-            kind, payload = out.get(timeout=budget)
-            if kind != "ok":
-                raise RuntimeError(f"watchdog benchmark failed:\n{payload}")
-            results.append(payload)
-        return results
-    finally:
-        for p in procs:
-            p.join(30)
-            if p.is_alive():
-                p.terminate()
-                p.join(5)
 
 
 def _spawn(target: Any, args: tuple[Any, ...], budget: float, code: str | None) -> Any:
@@ -361,33 +306,26 @@ def main(argv: list[str] | None = None) -> int:
     trips: dict[str, list[float]] = {v: [] for v in variants}
     alive: dict[str, list[int]] = {v: [] for v in variants}
     names = list(variants)
-    for rnd in range(args.rounds):
-        servers = [RedisServer() for _ in names]
-        try:
-            for srv in servers:
-                srv.__enter__()
-            jobs = [((renewal._floor_child if v.startswith("floor") else renewal._child),
-                     (srv.socket_path, args.locks, args.timeout, 2.0, args.observe), variants[v])
-                    for v, srv in zip(names, servers, strict=True)]
-            got = renewal.together(jobs, 600 + args.locks / 200)
-        finally:
-            for srv in servers:
-                srv.__exit__(None, None, None)
-        for v, w in zip(names, got, strict=True):
-            if isinstance(w, float):
-                cpu[v].append(w)
-            else:
-                cpu[v].append(w.redis_cpu_ms)
-                scripts[v].append(w.server_evalsha)
-                trips[v].append(w.round_trips)
-                alive[v].append(w.alive)
-            print(f"  round {rnd + 1} {v}: {cpu[v][-1]:.0f} ms server CPU per period",
-                  file=sys.stderr, flush=True)
+    with RedisServer() as server:
+        for rnd in range(args.rounds):
+            for v in names[rnd % len(names):] + names[:rnd % len(names)]:
+                if v.startswith("floor"):
+                    cpu[v].append(renewal.floor(server, args.locks, args.timeout,
+                                                observe=args.observe))
+                else:
+                    w = renewal.run(server, args.locks, args.timeout, observe=args.observe,
+                                    code=variants[v])
+                    cpu[v].append(w.redis_cpu_ms)
+                    scripts[v].append(w.server_evalsha)
+                    trips[v].append(w.round_trips)
+                    alive[v].append(w.alive)
+                print(f"  round {rnd + 1} {v}: {cpu[v][-1]:.0f} ms server CPU per period",
+                      file=sys.stderr, flush=True)
     period = args.timeout / 3.0
     base = statistics.median(cpu[names[0]])
     print(f"{args.locks:,} held locks, watchdog_timeout {args.timeout:g} s (period "
-          f"{period:g} s), {args.rounds} rounds (medians; the variants run at once, each on "
-          f"its own server, measured over the same {args.observe:g} periods), unix socket\n")
+          f"{period:g} s), {args.rounds} rounds (medians; {args.observe:g} periods measured "
+          f"per variant and round, in turns), unix socket\n")
     print("| variant | server CPU ms/s | x floor | rounds (x floor) | EVALSHA per period | "
           "round trips per period | locks kept |")
     print("|---|---|---|---|---|---|---|")
