@@ -273,9 +273,10 @@ def script_costs(server: RedisServer, n: int, rounds: int) -> dict[str, list[flo
 def main(argv: list[str] | None = None) -> int:
     import argparse
     import statistics
+    import subprocess
+    import tempfile
 
     from bench import renewal  # this module by its importable name (spawned children)
-    from bench.manykeys import extract
 
     ap = argparse.ArgumentParser(description="watchdog server CPU vs one PEXPIRE pipeline")
     ap.add_argument("--locks", type=int, default=100_000)
@@ -299,8 +300,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {v} | {m:.2f} | {m / base:.2f} | {min(xs) / base:.2f}-{max(xs) / base:.2f} |")
         return 0
     variants: dict[str, str | None] = {"floor (PEXPIRE pipeline)": None, "RLock": None}
-    if args.baseline:
-        variants[f"RLock ({args.baseline})"] = extract(args.baseline)
+    if args.baseline:  # its django_rlock, extracted to a temp dir, imported by its process
+        code = tempfile.mkdtemp(prefix="rlock-baseline-")
+        archive = subprocess.run(["git", "archive", args.baseline, "django_rlock"],
+                                 capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", code], input=archive, check=True)
+        variants[f"RLock ({args.baseline})"] = code
     cpu: dict[str, list[float]] = {v: [] for v in variants}
     scripts: dict[str, list[float]] = {v: [] for v in variants}
     trips: dict[str, list[float]] = {v: [] for v in variants}

@@ -212,8 +212,7 @@ def renew_calls(group: list[Any], per_slot: bool, now: float
     ``renew_many.lua``, ordered so that holds of one owner and lease are adjacent and both go
     once per run of them (a process's holds mostly share a few owners and one lease); other
     kinds' scripts take an owner and a lease per key. Returns the calls, the holds in reply
-    order, and per call the number of keys of a ``renew_many`` call (its reply lists the lost
-    ones) or 0 (its reply is a 1/0 per key): ``results`` reads the replies with it."""
+    order, and per call its keys (``renew_many``: the reply lists the lost) or 0 (1/0 per key)."""
     by_script: dict[Any, list[Any]] = {}
     for h in group:
         sha = h.renew_script.sha
