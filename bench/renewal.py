@@ -10,7 +10,9 @@ Run alone it compares the watchdog's server CPU with its floor in one run, on on
     python -m bench.renewal [--locks 100000] [--timeout 3] [--rounds 2] [--baseline REF]
 
 the floor being one pipeline of ``PEXPIRE`` per key per period, sent as the watchdog sends
-(pipelines of 1,000), from a process that holds the same number of lock hashes; with
+(pipelines of 1,000), from a process that holds as many RLocks (taken the same way, so the
+server's keys, index and memory layout are the same: keys made back to back, with no index
+entries between them, are cheaper to reach per key); with
 ``--baseline REF`` the watchdog as it is at git revision REF runs too (its ``django_rlock``
 extracted and imported by its process). The variants take turns, rotated each round, on one
 server. (Run at once, each on a server of its own, two 100,000-lock watchdogs and their
@@ -148,19 +150,19 @@ def run(server: RedisServer, n: int = 10_000, watchdog_timeout: float = 3.0, set
 
 def _floor_child(socket_path: str, n: int, watchdog_timeout: float, settle: float,
                  observe: float, out: Any, code: str | None = None) -> None:
-    """The floor: ``n`` lock hashes (one owner field each, like a held RLock's), and per period
-    one ``PEXPIRE`` per key in pipelines of 1,000. Reports server CPU ms per period."""
+    """The floor: ``n`` RLocks taken as the watchdog variant takes them (lease mode here, so
+    this process's watchdog leaves them alone: same keys, same index entries, the same memory
+    layout on the server), kept by one ``PEXPIRE`` per key per period in pipelines of 1,000.
+    Reports server CPU ms per period."""
     try:
+        from django_rlock import RLock
+
         client = redis.Redis(unix_socket_path=socket_path)
         stats = redis.Redis(unix_socket_path=socket_path)
-        keys = [f"bench:f:{i}" for i in range(n)]
-        owner = "0b4f6d3e-2a41-4a83-9f0e-5d1c2b7a9e10:1"
-        for i in range(0, n, 1000):
-            pipe = client.pipeline(transaction=False)
-            for k in keys[i:i + 1000]:
-                pipe.hset(k, owner, 1)
-                pipe.pexpire(k, int(watchdog_timeout * 1000))
-            pipe.execute()
+        locks = [RLock(client, f"bench:f:{i}") for i in range(n)]
+        for lk in locks:
+            lk.lock(lease_time=600)
+        keys = [lk.key for lk in locks]
         period = watchdog_timeout / 3.0
 
         def sweep() -> None:
@@ -183,9 +185,8 @@ def _floor_child(socket_path: str, n: int, watchdog_timeout: float, settle: floa
             time.sleep(max(0.0, at - time.monotonic()))
         _, _, rc1 = _server_sample(stats)
         periods = (time.monotonic() - w0) / period
-        client.delete(*keys[:1000])
-        for i in range(1000, n, 1000):
-            client.delete(*keys[i:i + 1000])
+        for lk in locks:
+            lk.unlock()
         out.put(("ok", (rc1 - rc0) / periods))
     except Exception:
         out.put(("error", traceback.format_exc()))
