@@ -19,10 +19,11 @@ server. (Run at once, each on a server of its own, two 100,000-lock watchdogs an
 acquires overload two shared cores: renewals go out late and locks are lost.)
 
 ``--scripts`` measures the renew scripts alone, without the watchdog around them: the same
-lock hashes renewed over and over in one process, the variants interleaved sweep by sweep
-(so a load change on a shared machine hits them alike): the ``PEXPIRE`` pipeline, the
-per-key layout (``renew.lua``, what the watchdog sent before #22) and ``renew_many.lua``,
-each in pipelines of 1,000 keys, ``RENEW_BATCH`` keys a script.
+locks (taken in lease mode: nothing else renews them) renewed over and over in one process,
+the variants interleaved sweep by sweep (so a load change on a shared machine hits them
+alike): the ``PEXPIRE`` pipeline, the per-key layout (``renew.lua``, what the watchdog sent
+before #22) and ``renew_many.lua``, each in pipelines of 1,000 keys, ``RENEW_BATCH`` keys a
+script.
 """
 
 from __future__ import annotations
@@ -226,18 +227,17 @@ def _spawn(target: Any, args: tuple[Any, ...], budget: float, code: str | None) 
 
 def script_costs(server: RedisServer, n: int, rounds: int) -> dict[str, list[float]]:
     """Server CPU us per key renewed, per variant and round (``--scripts``)."""
+    from django_rlock import RLock
+    from django_rlock.engine.identity import thread_owner
     from django_rlock.engine.renewal import RENEW_BATCH, RENEW_MANY_SCRIPT
     from django_rlock.engine.scripts import RENEW_SCRIPT
 
     client = redis.Redis(unix_socket_path=server.socket_path)
-    owner = "0b4f6d3e-2a41-4a83-9f0e-5d1c2b7a9e10:1"
-    keys = [f"bench:s:{i}" for i in range(n)]
-    for i in range(0, n, 1000):
-        pipe = client.pipeline(transaction=False)
-        for k in keys[i:i + 1000]:
-            pipe.hincrby(k, owner, 1)
-            pipe.pexpire(k, 60_000)
-        pipe.execute()
+    owner = thread_owner()
+    locks = [RLock(client, f"bench:s:{i}") for i in range(n)]
+    for lk in locks:  # real locks and index entries: the memory layout of held locks
+        lk.lock(lease_time=600)
+    keys = [lk.key for lk in locks]
     per_key = client.script_load(RENEW_SCRIPT.source)
     many = client.script_load(RENEW_MANY_SCRIPT.source)
 
@@ -267,8 +267,7 @@ def script_costs(server: RedisServer, n: int, rounds: int) -> dict[str, list[flo
                 replies = pipe.execute()
                 assert all(r == 1 or r == [] or r == [1] * len(r) for r in replies)
             out[v].append((_server_sample(client)[2] - before) * 1e3 / n)
-    for i in range(0, n, 1000):
-        client.delete(*keys[i:i + 1000])
+    client.flushall()
     return out
 
 
