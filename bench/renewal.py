@@ -311,6 +311,8 @@ def main(argv: list[str] | None = None) -> int:
     scripts: dict[str, list[float]] = {v: [] for v in variants}
     trips: dict[str, list[float]] = {v: [] for v in variants}
     alive: dict[str, list[int]] = {v: [] for v in variants}
+    client: dict[str, list[float]] = {v: [] for v in variants}
+    inside: dict[str, list[float]] = {v: [] for v in variants}
     names = list(variants)
     with RedisServer() as server:
         for rnd in range(args.rounds):
@@ -325,6 +327,8 @@ def main(argv: list[str] | None = None) -> int:
                     scripts[v].append(w.server_evalsha)
                     trips[v].append(w.round_trips)
                     alive[v].append(w.alive)
+                    client[v].append(w.process_cpu_ms)
+                    inside[v].append(w.redis_script_ms * 1e3 / w.renewed if w.renewed else 0.0)
                 print(f"  round {rnd + 1} {v}: {cpu[v][-1]:.0f} ms server CPU per period",
                       file=sys.stderr, flush=True)
     period = args.timeout / 3.0
@@ -333,15 +337,18 @@ def main(argv: list[str] | None = None) -> int:
           f"{period:g} s), {args.rounds} rounds (medians; {args.observe:g} periods measured "
           f"per variant and round, in turns), unix socket\n")
     print("| variant | server CPU ms/s | x floor | rounds (x floor) | EVALSHA per period | "
-          "round trips per period | locks kept |")
-    print("|---|---|---|---|---|---|---|")
+          "round trips per period | usec in scripts per key | client CPU ms/s | locks kept |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for v in names:
         m = statistics.median(cpu[v])
         ev = f"{statistics.median(scripts[v]):.0f}" if scripts[v] else "-"
         rt = f"{statistics.median(trips[v]):.0f}" if trips[v] else f"{args.locks / 1000:.0f}"
         each = ", ".join(f"{x / y:.2f}" for x, y in zip(cpu[v], cpu[names[0]], strict=True))
         kept = f"{min(alive[v]):,}" if alive[v] else "-"
-        print(f"| {v} | {m / period:.0f} | {m / base:.2f} | {each} | {ev} | {rt} | {kept} |")
+        own = f"{statistics.median(client[v]) / period:.0f}" if client[v] else "-"
+        usec = f"{statistics.median(inside[v]):.2f}" if inside[v] else "-"
+        print(f"| {v} | {m / period:.0f} | {m / base:.2f} | {each} | {ev} | {rt} | {usec} | "
+              f"{own} | {kept} |")
     return 0
 
 
