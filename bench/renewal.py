@@ -225,7 +225,8 @@ def _spawn(target: Any, args: tuple[Any, ...], budget: float, code: str | None) 
             p.join(5)
 
 
-def script_costs(server: RedisServer, n: int, rounds: int) -> dict[str, list[float]]:
+def script_costs(server: RedisServer, n: int, rounds: int, pace: float = 0.0
+                 ) -> dict[str, list[float]]:
     """Server CPU us per key renewed, per variant and round (``--scripts``)."""
     from django_rlock import RLock
     from django_rlock.engine.identity import thread_owner
@@ -265,6 +266,8 @@ def script_costs(server: RedisServer, n: int, rounds: int) -> dict[str, list[flo
                 pipe = client.pipeline(transaction=False)
                 fill(keys[i:i + 1000], pipe)
                 replies = pipe.execute()
+                if pace:
+                    time.sleep(pace)  # the watchdog's pace: a pipeline per ~10 ms
                 assert all(r == 1 or r == [] or r == [1] * len(r) for r in replies)
             out[v].append((_server_sample(client)[2] - before) * 1e3 / n)
     client.flushall()
@@ -287,10 +290,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baseline", metavar="REF", help="also run the watchdog of git REF")
     ap.add_argument("--scripts", action="store_true",
                     help="the renew scripts alone, interleaved (no watchdog)")
+    ap.add_argument("--pace", type=float, default=0.0,
+                    help="--scripts: sleep this long (s) after each pipeline")
     args = ap.parse_args(argv)
     if args.scripts:
         with RedisServer() as server:
-            res = script_costs(server, args.locks, args.rounds)
+            res = script_costs(server, args.locks, args.rounds, args.pace)
         base = statistics.median(res["floor (PEXPIRE pipeline)"])
         print(f"{args.locks:,} lock hashes renewed, {args.rounds} interleaved sweeps each "
               f"(medians), unix socket\n")
