@@ -37,6 +37,10 @@ from .scripts import Script
 
 logger = logging.getLogger("django_rlock")
 
+#: How long (s) a renewal that found its keys gone waits before it calls them lost, for a
+#: release of their owners' that ran first on the server to be booked (this drain waits too).
+RELEASE_GRACE = 0.2
+
 #: Lost holds remembered for ``is_lost()`` until the owner acquires or releases again.
 _MAX_LOST = 10_000
 
@@ -337,11 +341,19 @@ class Watchdog:
                 self._mark_lost(h, "could not be renewed before its lease ran out",
                                 "unconfirmed")
             return
+        gone = []
         for h, ok in zip(group, results, strict=False):
             if not ok:
-                self._mark_lost(h)
+                gone.append(h)
             elif synced:  # on a replica too: a failover now keeps at least this lease
                 h.valid_until = min(h.deadline, max(h.valid_until, sent + h.lease_ms / 1000.0))
+        if gone:
+            # The owner's own release may have deleted a key after this renewal was sent, and
+            # its thread not have booked the reply yet: lost only if still held after a moment
+            # (else every such race is a spurious ``lost``, ``on_lost`` called on an unlock).
+            time.sleep(RELEASE_GRACE)
+            for h in gone:
+                self._mark_lost(h)
 
     def _renew_on(self, client: Any, group: list[Hold]) -> tuple[list[int], bool]:
         """Renew every hold of one server in one pipeline (with WAIT behind, on a master with

@@ -267,3 +267,28 @@ def test_renew_calls_give_each_key_its_own_owners_check_and_lease(r):
         else:
             lease = 15_000 if i % 3 else 60_000
             assert got[id(h)] == 1 and lease - 5_000 < ttl <= lease, (h.key, ttl)
+
+
+def test_a_renewal_that_meets_its_owners_own_release_reports_no_loss(r):
+    """A renewal in flight while the owner releases: the release deletes the key on the
+    server first, the renewal finds it gone, and the releasing thread books its release just
+    after. That is a release, not a loss: no ``lost`` event, no ``on_lost``, no WARNING."""
+    from django_rlock.engine import identity
+    from django_rlock.engine.holds import server_id
+
+    lost: list[str] = []
+    lock = RLock(r, "own-release", watchdog_timeout=0.6, on_lost=lost.append)
+    lock.lock()
+    wd = watchdog()
+    k = (server_id(r), lock.key, identity.thread_owner())
+    hold = wd.get(k)
+    assert hold is not None
+    r.delete(lock.key)  # what the owner's release does on the server...
+    renewed = wd.renewed
+    deadline = time.monotonic() + 5
+    while wd.renewed == renewed and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert wd.renewed > renewed  # ...while this renewal was on its way,
+    wd.released(k, hold, fully=True)  # and the releasing thread books it on the reply
+    time.sleep(0.6)
+    assert lost == [] and not lock.is_lost()
