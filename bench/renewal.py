@@ -3,12 +3,34 @@
 Runs in a freshly spawned process so that the only django-rlock thread alive is the one
 watchdog (no pub/sub listener, no holds left over from other phases); its main thread just
 sleeps while the locks are held, so the process's CPU time is the watchdog's.
+
+Run alone it compares the watchdog's server CPU with its floor in one run, on one server
+(issue #22)::
+
+    python -m bench.renewal [--locks 100000] [--timeout 3] [--rounds 2] [--baseline REF]
+
+the floor being one pipeline of ``PEXPIRE`` per key per period, sent as the watchdog sends
+(pipelines of 1,000), from a process that holds as many RLocks (taken the same way, so the
+server's keys, index and memory layout are the same: keys made back to back, with no index
+entries between them, are cheaper to reach per key); with
+``--baseline REF`` the watchdog as it is at git revision REF runs too (its ``django_rlock``
+extracted and imported by its process). The variants take turns, rotated each round, on one
+server. (Run at once, each on a server of its own, two 100,000-lock watchdogs and their
+acquires overload two shared cores: renewals go out late and locks are lost.)
+
+``--scripts`` measures the renew scripts alone, without the watchdog around them: the same
+locks (taken in lease mode: nothing else renews them) renewed over and over in one process,
+the variants interleaved sweep by sweep (so a load change on a shared machine hits them
+alike): the ``PEXPIRE`` pipeline, the per-key layout (``renew.lua``, what the watchdog sent
+before #22) and ``renew_many.lua``, each in pipelines of 1,000 keys, ``RENEW_BATCH`` keys a
+script.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import queue
+import sys
 import threading
 import time
 import traceback
@@ -62,8 +84,10 @@ def _thread_cpu(t: threading.Thread | None) -> float:
 
 
 def _child(socket_path: str, n: int, watchdog_timeout: float, settle: float, observe: float,
-           out: Any) -> None:
+           out: Any, code: str | None = None) -> None:
     try:
+        if code is not None:
+            sys.path.insert(0, code)
         from django_rlock import RLock
         from django_rlock.engine.watchdog import watchdog
 
@@ -98,8 +122,13 @@ def _child(socket_path: str, n: int, watchdog_timeout: float, settle: float, obs
                 pipe.pttl(name)
             ttls.extend(int(x) for x in pipe.execute())
         t0 = time.perf_counter()
+        from django_rlock import LockNotOwnedError
+
         for lk in locks:
-            lk.unlock()
+            try:
+                lk.unlock()
+            except LockNotOwnedError:
+                pass  # lost (counted by ``alive``)
         release_s = time.perf_counter() - t0
         left = sum(int(client.exists(*names[i:i + 1000])) for i in range(0, n, 1000))
         out.put(("ok", WResult(
@@ -113,14 +142,70 @@ def _child(socket_path: str, n: int, watchdog_timeout: float, settle: float, obs
 
 
 def run(server: RedisServer, n: int = 10_000, watchdog_timeout: float = 3.0, settle: float = 2.0,
-        observe: float = 8.0) -> WResult:
-    """``settle`` and ``observe`` are in watchdog periods (``watchdog_timeout / 3``)."""
+        observe: float = 8.0, code: str | None = None) -> WResult:
+    """``settle`` and ``observe`` are in watchdog periods (``watchdog_timeout / 3``); ``code``:
+    a directory to import ``django_rlock`` from instead of this tree."""
+    return _spawn(_child, (server.socket_path, n, watchdog_timeout, settle, observe),
+                  120 + n / 500 + (settle + observe) * watchdog_timeout / 3.0, code)
+
+
+def _floor_child(socket_path: str, n: int, watchdog_timeout: float, settle: float,
+                 observe: float, out: Any, code: str | None = None) -> None:
+    """The floor: ``n`` RLocks taken as the watchdog variant takes them (lease mode here, so
+    this process's watchdog leaves them alone: same keys, same index entries, the same memory
+    layout on the server), kept by one ``PEXPIRE`` per key per period in pipelines of 1,000.
+    Reports server CPU ms per period."""
+    try:
+        from django_rlock import RLock
+
+        client = redis.Redis(unix_socket_path=socket_path)
+        stats = redis.Redis(unix_socket_path=socket_path)
+        locks = [RLock(client, f"bench:f:{i}") for i in range(n)]
+        for lk in locks:
+            lk.lock(lease_time=600)
+        keys = [lk.key for lk in locks]
+        period = watchdog_timeout / 3.0
+
+        def sweep() -> None:
+            for i in range(0, n, 1000):
+                pipe = client.pipeline(transaction=False)
+                for k in keys[i:i + 1000]:
+                    # Their taken lease, again: a slow sweep (a busy client) loses no key, and
+                    # a PEXPIRE costs the server the same whatever the value.
+                    pipe.pexpire(k, 600_000)
+                pipe.execute()
+
+        at = time.monotonic()
+        for _ in range(int(settle)):
+            sweep()
+            at += period
+            time.sleep(max(0.0, at - time.monotonic()))
+        _, _, rc0 = _server_sample(stats)
+        w0 = time.monotonic()
+        for _ in range(int(observe)):
+            sweep()
+            at += period
+            time.sleep(max(0.0, at - time.monotonic()))
+        _, _, rc1 = _server_sample(stats)
+        periods = (time.monotonic() - w0) / period
+        client.flushall()  # its lease holds: nothing renews them, nothing to release in order
+        out.put(("ok", (rc1 - rc0) / periods))
+    except Exception:
+        out.put(("error", traceback.format_exc()))
+
+
+def floor(server: RedisServer, n: int = 10_000, watchdog_timeout: float = 3.0,
+          settle: float = 2.0, observe: float = 8.0) -> float:
+    """Server CPU ms per period of the floor (``_floor_child``)."""
+    return _spawn(_floor_child, (server.socket_path, n, watchdog_timeout, settle, observe),
+                  120 + (settle + observe) * watchdog_timeout / 3.0, None)
+
+
+def _spawn(target: Any, args: tuple[Any, ...], budget: float, code: str | None) -> Any:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    p = ctx.Process(target=_child, args=(server.socket_path, n, watchdog_timeout, settle, observe, out),
-                    daemon=True)
+    p = ctx.Process(target=target, args=(*args, out, code), daemon=True)
     p.start()
-    budget = 120 + (settle + observe) * watchdog_timeout / 3.0
     try:
         deadline = time.monotonic() + budget
         while True:
@@ -138,3 +223,139 @@ def run(server: RedisServer, n: int = 10_000, watchdog_timeout: float = 3.0, set
         if p.is_alive():
             p.terminate()
             p.join(5)
+
+
+def script_costs(server: RedisServer, n: int, rounds: int, pace: float = 0.0
+                 ) -> dict[str, list[float]]:
+    """Server CPU us per key renewed, per variant and round (``--scripts``)."""
+    from django_rlock import RLock
+    from django_rlock.engine.identity import thread_owner
+    from django_rlock.engine.renewal import RENEW_BATCH, RENEW_MANY_SCRIPT
+    from django_rlock.engine.scripts import RENEW_SCRIPT
+
+    client = redis.Redis(unix_socket_path=server.socket_path)
+    owner = thread_owner()
+    locks = [RLock(client, f"bench:s:{i}") for i in range(n)]
+    for lk in locks:  # real locks and index entries: the memory layout of held locks
+        lk.lock(lease_time=600)
+    keys = [lk.key for lk in locks]
+    per_key = client.script_load(RENEW_SCRIPT.source)
+    many = client.script_load(RENEW_MANY_SCRIPT.source)
+
+    def floor(part: list[str], pipe: Any) -> None:
+        for k in part:
+            pipe.pexpire(k, 60_000)
+
+    def old(part: list[str], pipe: Any) -> None:
+        for j in range(0, len(part), RENEW_BATCH):
+            chunk = part[j:j + RENEW_BATCH]
+            pipe.evalsha(per_key, len(chunk), *chunk, *[a for _ in chunk for a in (owner, 60_000)])
+
+    def new(part: list[str], pipe: Any) -> None:
+        for j in range(0, len(part), RENEW_BATCH):
+            chunk = part[j:j + RENEW_BATCH]
+            pipe.evalsha(many, len(chunk), *chunk, owner, 60_000, len(chunk))
+
+    variants = {"floor (PEXPIRE pipeline)": floor, "renew.lua (owner, lease per key)": old,
+                "renew_many.lua (owner, lease per run)": new}
+    out: dict[str, list[float]] = {v: [] for v in variants}
+    for _ in range(rounds):
+        for v, fill in variants.items():
+            before = _server_sample(client)[2]
+            for i in range(0, n, 1000):
+                pipe = client.pipeline(transaction=False)
+                fill(keys[i:i + 1000], pipe)
+                replies = pipe.execute()
+                if pace:
+                    time.sleep(pace)  # the watchdog's pace: a pipeline per ~10 ms
+                assert all(r == 1 or r == [] or r == [1] * len(r) for r in replies)
+            out[v].append((_server_sample(client)[2] - before) * 1e3 / n)
+    client.flushall()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import statistics
+    import subprocess
+    import tempfile
+
+    from bench import renewal  # this module by its importable name (spawned children)
+
+    ap = argparse.ArgumentParser(description="watchdog server CPU vs one PEXPIRE pipeline")
+    ap.add_argument("--locks", type=int, default=100_000)
+    ap.add_argument("--timeout", type=float, default=3.0, help="watchdog_timeout (s)")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--observe", type=float, default=8.0, help="periods measured")
+    ap.add_argument("--baseline", metavar="REF", help="also run the watchdog of git REF")
+    ap.add_argument("--scripts", action="store_true",
+                    help="the renew scripts alone, interleaved (no watchdog)")
+    ap.add_argument("--pace", type=float, default=0.0,
+                    help="--scripts: sleep this long (s) after each pipeline")
+    args = ap.parse_args(argv)
+    if args.scripts:
+        with RedisServer() as server:
+            res = script_costs(server, args.locks, args.rounds, args.pace)
+        base = statistics.median(res["floor (PEXPIRE pipeline)"])
+        print(f"{args.locks:,} lock hashes renewed, {args.rounds} interleaved sweeps each "
+              f"(medians), unix socket\n")
+        print("| variant | server CPU us/key | x floor | range over sweeps |")
+        print("|---|---|---|---|")
+        for v, xs in res.items():
+            m = statistics.median(xs)
+            print(f"| {v} | {m:.2f} | {m / base:.2f} | {min(xs) / base:.2f}-{max(xs) / base:.2f} |")
+        return 0
+    variants: dict[str, str | None] = {"floor (PEXPIRE pipeline)": None, "RLock": None}
+    if args.baseline:  # its django_rlock, extracted to a temp dir, imported by its process
+        code = tempfile.mkdtemp(prefix="rlock-baseline-")
+        archive = subprocess.run(["git", "archive", args.baseline, "django_rlock"],
+                                 capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", code], input=archive, check=True)
+        variants[f"RLock ({args.baseline})"] = code
+    cpu: dict[str, list[float]] = {v: [] for v in variants}
+    scripts: dict[str, list[float]] = {v: [] for v in variants}
+    trips: dict[str, list[float]] = {v: [] for v in variants}
+    alive: dict[str, list[int]] = {v: [] for v in variants}
+    client: dict[str, list[float]] = {v: [] for v in variants}
+    inside: dict[str, list[float]] = {v: [] for v in variants}
+    names = list(variants)
+    with RedisServer() as server:
+        for rnd in range(args.rounds):
+            for v in names[rnd % len(names):] + names[:rnd % len(names)]:
+                if v.startswith("floor"):
+                    cpu[v].append(renewal.floor(server, args.locks, args.timeout,
+                                                observe=args.observe))
+                else:
+                    w = renewal.run(server, args.locks, args.timeout, observe=args.observe,
+                                    code=variants[v])
+                    cpu[v].append(w.redis_cpu_ms)
+                    scripts[v].append(w.server_evalsha)
+                    trips[v].append(w.round_trips)
+                    alive[v].append(w.alive)
+                    client[v].append(w.process_cpu_ms)
+                    inside[v].append(w.redis_script_ms * 1e3 / w.renewed if w.renewed else 0.0)
+                print(f"  round {rnd + 1} {v}: {cpu[v][-1]:.0f} ms server CPU per period",
+                      file=sys.stderr, flush=True)
+    period = args.timeout / 3.0
+    base = statistics.median(cpu[names[0]])
+    print(f"{args.locks:,} held locks, watchdog_timeout {args.timeout:g} s (period "
+          f"{period:g} s), {args.rounds} rounds (medians; {args.observe:g} periods measured "
+          f"per variant and round, in turns), unix socket\n")
+    print("| variant | server CPU ms/s | x floor | rounds (x floor) | EVALSHA per period | "
+          "round trips per period | usec in scripts per key | client CPU ms/s | locks kept |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for v in names:
+        m = statistics.median(cpu[v])
+        ev = f"{statistics.median(scripts[v]):.0f}" if scripts[v] else "-"
+        rt = f"{statistics.median(trips[v]):.0f}" if trips[v] else f"{args.locks / 1000:.0f}"
+        each = ", ".join(f"{x / y:.2f}" for x, y in zip(cpu[v], cpu[names[0]], strict=True))
+        kept = f"{min(alive[v]):,}" if alive[v] else "-"
+        own = f"{statistics.median(client[v]) / period:.0f}" if client[v] else "-"
+        usec = f"{statistics.median(inside[v]):.2f}" if inside[v] else "-"
+        print(f"| {v} | {m / period:.0f} | {m / base:.2f} | {each} | {ev} | {rt} | {usec} | "
+              f"{own} | {kept} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

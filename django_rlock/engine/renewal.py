@@ -29,10 +29,17 @@ from typing import Any
 
 from redis.crc import key_slot
 
+from .lua import Script, source
+from .scripts import RENEW_SCRIPT
+
 logger = logging.getLogger("django_rlock")
 
 #: Keys per RENEW script. A script blocks Redis while it runs; 250 keys take well under 1 ms.
 RENEW_BATCH = 250
+
+#: The RLock holds' batched renewal (``renew_calls``); its own script, so that ``renew.lua``
+#: keeps the one-hold-at-a-time layout the lock's own top-ups send.
+RENEW_MANY_SCRIPT = Script(source("renew_many"))
 
 #: Holds per renewal pipeline (a server's queue goes out in pipelines of at most this many,
 #: one after the other): a due hold waits behind one such pipeline at most, never behind
@@ -196,12 +203,16 @@ class Queues:
         self._draining.discard(server)
 
 
-def renew_calls(group: list[Any], per_slot: bool, now: float) -> tuple[list[Any], list[Any]]:
+def renew_calls(group: list[Any], per_slot: bool, now: float
+                ) -> tuple[list[Any], list[Any], list[int]]:
     """The (script, keys, args) calls that renew ``group``: batches of ``RENEW_BATCH`` holds
     per renew script (per script and slot on a cluster node, ``per_slot``: a script's keys
     must share a slot), each key with its owner and lease (a watchdog-mode hold's full lease;
-    a lease hold's top-up, the rest of its own lease from ``now``). Returns the calls and the
-    holds in reply order."""
+    a lease hold's top-up, the rest of its own lease from ``now``). An RLock's holds go to
+    ``renew_many.lua``, ordered so that holds of one owner and lease are adjacent and both go
+    once per run of them (a process's holds mostly share a few owners and one lease); other
+    kinds' scripts take an owner and a lease per key. Returns the calls, the holds in reply
+    order, and per call its keys (``renew_many``: the reply lists the lost) or 0 (1/0 per key)."""
     by_script: dict[Any, list[Any]] = {}
     for h in group:
         sha = h.renew_script.sha
@@ -210,21 +221,64 @@ def renew_calls(group: list[Any], per_slot: bool, now: float) -> tuple[list[Any]
         by_script.setdefault(batch, []).append(h)
     calls = []
     order: list[Any] = []
+    shapes: list[int] = []
     for holds in by_script.values():
+        many = holds[0].renew_script is RENEW_SCRIPT
+        leases = []
+        for h in holds:
+            # Never past the hold's max_hold, even for a renewal already in flight: the
+            # lease is cut at the send (``Hold.cap``), so none outlives the window.
+            leases.append(h.cap(int(h.period * 3000)
+                                or max(1, int((h.expires_at - now) * 1000)), now))
+            h.top_up_ms = 0
+        if many:
+            runs: dict[tuple[Any, int], list[Any]] = {}
+            for h, ms in zip(holds, leases, strict=True):
+                same = runs.get((h.owner, ms))
+                if same is None:
+                    runs[(h.owner, ms)] = [h]
+                else:
+                    same.append(h)
+            holds, leases = [], []
+            for (_, ms), same in runs.items():
+                holds.extend(same)
+                leases.extend([ms] * len(same))
         for i in range(0, len(holds), RENEW_BATCH):
             chunk = holds[i:i + RENEW_BATCH]
             args: list[Any] = []
-            for h in chunk:
-                args.append(h.owner)
-                # Never past the hold's max_hold, even for a renewal already in flight: the
-                # lease is cut at the send (``Hold.cap``), so none outlives the window.
-                args.append(h.cap(int(h.period * 3000)
-                                  or max(1, int((h.expires_at - now) * 1000)), now))
-                h.top_up_ms = 0
-            calls.append((chunk[0].renew_script, tuple(h.renew_key for h in chunk),
-                          tuple(args)))
+            if many:
+                j, end = i, i + len(chunk)
+                while j < end:  # runs of one owner and lease: (owner, lease, count)
+                    owner, ms, k = holds[j].owner, leases[j], j + 1
+                    while k < end and leases[k] == ms and holds[k].owner == owner:
+                        k += 1
+                    args += (owner, ms, k - j)
+                    j = k
+                calls.append((RENEW_MANY_SCRIPT, tuple(h.renew_key for h in chunk),
+                              tuple(args)))
+                shapes.append(len(chunk))
+            else:
+                for h, ms in zip(chunk, leases[i:i + RENEW_BATCH], strict=True):
+                    args += (h.owner, ms)
+                calls.append((chunk[0].renew_script, tuple(h.renew_key for h in chunk),
+                              tuple(args)))
+                shapes.append(0)
             order.extend(chunk)
-    return calls, order
+    return calls, order, shapes
+
+
+def results(replies: list[Any], shapes: list[int]) -> list[int]:
+    """Per hold in ``renew_calls``' order, 1 renewed or 0 lost, from the calls' replies."""
+    out: list[int] = []
+    for reply, n in zip(replies, shapes, strict=True):
+        if n:
+            got = [1] * n
+            for pos in reply:
+                got[int(pos) - 1] = 0
+            out.extend(got)
+        else:
+            out.extend(int(x) for x in reply)
+    return out
 
 
 class Scheduler:

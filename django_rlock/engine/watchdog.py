@@ -32,10 +32,14 @@ from redis.exceptions import AskError, MovedError, NoScriptError
 from . import events, process, replicas, windows
 from .clients import cluster_of, is_cluster_node, node_client, refresh
 from .holds import INF, Hold, HoldKey, HoldKind, LostCallback, server_id
-from .renewal import Lateness, Scheduler, renew_calls
+from .renewal import Lateness, Scheduler, renew_calls, results
 from .scripts import Script
 
 logger = logging.getLogger("django_rlock")
+
+#: How long (s) a renewal that found its keys gone waits before it calls them lost, for a
+#: release of their owners' that ran first on the server to be booked (this drain waits too).
+RELEASE_GRACE = 0.2
 
 #: Lost holds remembered for ``is_lost()`` until the owner acquires or releases again.
 _MAX_LOST = 10_000
@@ -337,27 +341,33 @@ class Watchdog:
                 self._mark_lost(h, "could not be renewed before its lease ran out",
                                 "unconfirmed")
             return
+        gone = []
         for h, ok in zip(group, results, strict=False):
             if not ok:
-                self._mark_lost(h)
+                gone.append(h)
             elif synced:  # on a replica too: a failover now keeps at least this lease
                 h.valid_until = min(h.deadline, max(h.valid_until, sent + h.lease_ms / 1000.0))
+        if gone:
+            # The owner's own release may have deleted a key after this renewal was sent, and
+            # its thread not have booked the reply yet: lost only if still held after a moment
+            # (else every such race is a spurious ``lost``, ``on_lost`` called on an unlock).
+            time.sleep(RELEASE_GRACE)
+            for h in gone:
+                self._mark_lost(h)
 
     def _renew_on(self, client: Any, group: list[Hold]) -> tuple[list[int], bool]:
         """Renew every hold of one server in one pipeline (with WAIT behind, on a master with
         replicas): a batched script per kind. Returns the per-hold results, in ``group``
         order, and whether the renewals reached a replica."""
-        calls, order = renew_calls(group, is_cluster_node(client), time.monotonic())
+        calls, order, shapes = renew_calls(group, is_cluster_node(client), time.monotonic())
         replicas_now = _replicas(client, group[0].server)
         # Never wait on replicas longer than a third of the shortest period: the pipeline's
         # RENEW already ran, and the next sweep must not find this server still busy.
         wait_ms = max(1, min(1000, int(min(h.period for h in group) * 1000 / 3)))
         wait = (replicas_now, wait_ms) if replicas_now else None
-        out: list[int] = []
         replies = self._pipeline(client, calls, wait)
         acked = replies.pop() if wait is not None else None
-        for reply in replies:
-            out.extend(int(x) for x in reply)
+        out = results(replies, shapes)
         self.renewed += len(out)
         by_hold = {id(h): r for h, r in zip(order, out, strict=False)}
         return [by_hold.get(id(h), 0) for h in group], wait is None or (

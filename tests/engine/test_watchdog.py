@@ -196,3 +196,99 @@ def test_holds_of_every_kind_are_renewed_in_one_pipeline_per_sweep(r):
         for lock in locks:
             lock.unlock()
         sem.release(permit)
+
+
+def test_a_batch_of_many_owners_and_leases_renews_only_each_owners_own_keys(r, holders):
+    """The RLock batch sends each owner and lease once per run of keys (renew_many.lua): keys
+    of three owners and two leases interleaved in one batch each get their own owner's check
+    and their own lease, and a key another owner took meanwhile is reported lost and never
+    extended (a renewal never lengthens someone else's lock)."""
+    lost: list[str] = []
+    threads = [holders() for _ in range(3)]
+    locks = []
+    for i in range(60):
+        lock = RLock(r, f"runs:{i}", watchdog_timeout=1.5 if i % 2 else 3.0,
+                     on_lost=lost.append)
+        threads[i % 3].call(lock.lock)
+        locks.append(lock)
+    wd = watchdog()
+    stolen = locks[7]
+    r.delete(stolen.key)
+    r.hset(stolen.key, "someone-else:1", 1)
+    r.pexpire(stolen.key, 60_000)
+    try:
+        renewed = wd.renewed
+        time.sleep(3.5)  # past every lease the locks were taken with, 2-7 periods
+        assert lost == [stolen.name]
+        assert r.pttl(stolen.key) > 50_000  # not cut to a watchdog lease
+        assert r.hgetall(stolen.key) == {b"someone-else:1": b"1"}
+        for i, lock in enumerate(locks):
+            if lock is stolen:
+                continue
+            ttl = r.pttl(lock.key)
+            assert 0 < ttl <= (1500 if i % 2 else 3000), (lock.key, ttl)
+            assert not threads[i % 3].call(lock.is_lost)
+        assert wd.renewed - renewed >= 59 * 2
+    finally:
+        for i, lock in enumerate(locks):
+            if lock is not stolen:
+                threads[i % 3].call(lock.unlock)
+
+
+def test_renew_calls_give_each_key_its_own_owners_check_and_lease(r):
+    """``renew_calls``/``results`` on a real server: holds of two owners and two leases
+    interleaved go out in runs (each owner and lease once per run), every key gets its own
+    hold's lease, and the replies map back to the right holds (a stolen key lost, the rest
+    renewed)."""
+    from django_rlock.engine.holds import Hold
+    from django_rlock.engine.renewal import RENEW_BATCH, renew_calls, results
+
+    holds = []
+    for i in range(RENEW_BATCH + 40):  # two batches
+        owner = f"owner-{i % 2}:1"
+        h = Hold(r, ("s",), f"runs2:{i}", f"runs2:{i}", owner)
+        h.period = 5.0 if i % 3 else 20.0  # leases 15 s and 60 s
+        h.renew = True
+        r.hset(h.key, owner, 1)
+        holds.append(h)
+    stolen = holds[10]
+    r.hdel(stolen.key, stolen.owner)
+    r.hset(stolen.key, "owner-x:1", 1)
+    calls, order, shapes = renew_calls(holds, False, time.monotonic())
+    assert sorted(map(id, order)) == sorted(map(id, holds))
+    # Four runs (two owners x two leases): a handful of ARGV per script, not two per key.
+    assert all(len(args) <= 3 * 4 for _, _, args in calls)
+    replies = [r.eval(script.source, len(keys), *keys, *args) for script, keys, args in calls]
+    got = dict(zip(map(id, order), results(replies, shapes), strict=True))
+    for i, h in enumerate(holds):
+        ttl = r.pttl(h.key)
+        if h is stolen:
+            assert got[id(h)] == 0 and ttl == -1  # not ours: neither renewed nor given a TTL
+        else:
+            lease = 15_000 if i % 3 else 60_000
+            assert got[id(h)] == 1 and lease - 5_000 < ttl <= lease, (h.key, ttl)
+
+
+def test_a_renewal_that_meets_its_owners_own_release_reports_no_loss(r):
+    """A renewal in flight while the owner releases: the release deletes the key on the
+    server first, the renewal finds it gone, and the releasing thread books its release just
+    after. That is a release, not a loss: no ``lost`` event, no ``on_lost``, no WARNING."""
+    from django_rlock.engine import identity
+    from django_rlock.engine.holds import server_id
+
+    lost: list[str] = []
+    lock = RLock(r, "own-release", watchdog_timeout=0.6, on_lost=lost.append)
+    lock.lock()
+    wd = watchdog()
+    k = (server_id(r), lock.key, identity.thread_owner())
+    hold = wd.get(k)
+    assert hold is not None
+    r.delete(lock.key)  # what the owner's release does on the server...
+    renewed = wd.renewed
+    deadline = time.monotonic() + 5
+    while wd.renewed == renewed and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert wd.renewed > renewed  # ...while this renewal was on its way,
+    wd.released(k, hold, fully=True)  # and the releasing thread books it on the reply
+    time.sleep(0.6)
+    assert lost == [] and not lock.is_lost()
