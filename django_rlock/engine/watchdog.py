@@ -351,9 +351,17 @@ class Watchdog:
             # The owner's own release may have deleted a key after this renewal was sent, and
             # its thread not have booked the reply yet: lost only if still held after a moment
             # (else every such race is a spurious ``lost``, ``on_lost`` called on an unlock).
-            time.sleep(RELEASE_GRACE)
-            for h in gone:
+            # Waited on a timer, not here: this drain's next pipeline must not wait for it.
+            timer = threading.Timer(RELEASE_GRACE, self._mark_gone, (gone,))
+            timer.daemon = True
+            timer.start()
+
+    def _mark_gone(self, gone: list[Hold]) -> None:
+        for h in gone:
+            try:
                 self._mark_lost(h)
+            except Exception:  # an on_lost callback's error is its own; tell the others
+                logger.exception("django-rlock: telling lock %r lost failed", h.name)
 
     def _renew_on(self, client: Any, group: list[Hold]) -> tuple[list[int], bool]:
         """Renew every hold of one server in one pipeline (with WAIT behind, on a master with
