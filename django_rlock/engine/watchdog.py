@@ -119,6 +119,7 @@ class Watchdog:
                 # (never longer than asked); a grant's ``since`` is when its wait began, long
                 # before it held: from when it is booked.
                 start = now if grant_ms is not None else base
+                hold.since = start  # what "held for" counts from: the windows' own start
                 if max_hold:
                     hold.max_hold = max_hold
                     hold.deadline = start + max_hold
