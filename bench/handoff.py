@@ -18,9 +18,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import shutil
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,20 +26,12 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # run as a script: make ``bench`` and ``django_rlock`` importable
 
 from bench import contention  # noqa: E402
+from bench.baseline import extract  # noqa: E402
 from bench.clients import PRL, REDIS_PY, RLOCK  # noqa: E402
 
 
 def num(v: float, digits: int = 2) -> str:
     return f"{v:,.{digits}f}"
-
-
-def extract(ref: str) -> str:
-    """``django_rlock`` at git revision ``ref`` in a temp dir (imported by baseline processes)."""
-    d = tempfile.mkdtemp(prefix="rlock-baseline-")
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "django_rlock"],
-                             capture_output=True, check=True).stdout
-    subprocess.run(["tar", "-x", "-C", d], input=archive, check=True)
-    return d
 
 
 def table(res: dict[str, contention.Summary], ref: str) -> list[str]:

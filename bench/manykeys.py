@@ -35,7 +35,6 @@ import random
 import shlex
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -45,6 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # run as a script: make ``bench`` and ``django_rlock`` importable
 
+from bench.baseline import extract  # noqa: E402
 
 FLOOR = "floor (2 EVALSHA)"
 REDIS_PY = "redis-py Lock"
@@ -219,15 +219,6 @@ def many_held(server: Any, conn: dict[str, Any], variants: dict[str, str],
                   flush=True)
     admin.flushall()
     return out
-
-
-def extract(ref: str) -> str:
-    """``django_rlock`` at git revision ``ref`` in a temp dir (imported by baseline processes)."""
-    d = tempfile.mkdtemp(prefix="rlock-baseline-")
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "django_rlock"],
-                             capture_output=True, check=True).stdout
-    subprocess.run(["tar", "-x", "-C", d], input=archive, check=True)
-    return d
 
 
 def render(title: str, res: dict[str, list[dict[str, float]]], md: bool) -> str:

@@ -175,17 +175,19 @@ def _floor_child(socket_path: str, n: int, watchdog_timeout: float, settle: floa
                     pipe.pexpire(k, 600_000)
                 pipe.execute()
 
-        at = time.monotonic()
-        for _ in range(int(settle)):
-            sweep()
-            at += period
-            time.sleep(max(0.0, at - time.monotonic()))
+        at = [time.monotonic()]
+
+        def sweeps(count: float) -> None:
+            """``count`` sweeps, one a period, on the watchdog's schedule."""
+            for _ in range(int(count)):
+                sweep()
+                at[0] += period
+                time.sleep(max(0.0, at[0] - time.monotonic()))
+
+        sweeps(settle)
         _, _, rc0 = _server_sample(stats)
         w0 = time.monotonic()
-        for _ in range(int(observe)):
-            sweep()
-            at += period
-            time.sleep(max(0.0, at - time.monotonic()))
+        sweeps(observe)
         _, _, rc1 = _server_sample(stats)
         periods = (time.monotonic() - w0) / period
         client.flushall()  # its lease holds: nothing renews them, nothing to release in order
