@@ -140,7 +140,7 @@ class RLock(LockBase):
         elif reg is not None:
             args = args[:4] + self._register_args(reg[0], reg[1], self._grant_ms(lease_ms))
             keys = self._wait_keys
-        if records.due(k[0], args[0]):  # once per process and server (invariant 42)
+        if records.due(k[0], args[0]):  # once per process and server (invariant 43)
             records.write(self._client, k[0], args[0])
         connected, target = self._target()
         sent = time.monotonic()

@@ -1,5 +1,5 @@
 """Process records: what a listing shows about a holder's process, written once per process and
-server instead of in every index entry (invariant 42).
+server instead of in every index entry (invariant 43).
 
 An index entry of format 3 (``identity.thread_info``) names its holder's thread, not its
 process: the pid, process label and host are in one string per process,
@@ -15,11 +15,11 @@ Who writes it, and when:
   attempt's lease plus a third of ``TTL``: once per process and server, then at most every
   ``TTL / 6`` (an acquire that finds it due pays a round trip); never on a cluster's lock
   slot (a script cannot write another slot), through the cluster client instead;
-- **the watchdog**, after a renewal on a server, when it was last written ``REFRESH`` ago
-  (``refresh``, on the watchdog's pool thread): a process that keeps holding keeps its
-  record whatever its acquires do, and one lost with the server's data (a restart with no
-  persistence, a failover to a replica that never had it) is written again within
-  ``REFRESH`` plus one renewal period.
+- **the watchdog**, after a renewal on a server, when it was last written ``REFRESH`` (or a
+  third of ``TTL``, if shorter) ago (``refresh``, on the watchdog's pool thread): a process
+  that keeps holding keeps its record whatever its acquires do, and one lost with the
+  server's data (a restart with no persistence, a failover to a replica that never had it)
+  is written again within ``REFRESH`` plus one renewal period.
 
 Garbage collection is the TTL: the record of a process that died (a recycled Celery prefork
 child, a SIGKILL) or froze is gone within ``TTL`` (5 minutes). A listing that finds no record
@@ -120,7 +120,7 @@ def refresh(client: Any, server: Any) -> None:
     ``REFRESH`` after the server lost it."""
     st = _written().get(server)
     now = time.monotonic()
-    if st is not None and (now - st[0] < REFRESH or now < st[2]):
+    if st is not None and (now - st[0] < min(REFRESH, TTL / 3) or now < st[2]):
         return
     write(client, server)
 

@@ -259,8 +259,9 @@ class Waiter:
 
     def describe(self) -> str:
         """One line: ``<owner> (worker pid 12 on web-1, thread T, waiting 2.5 s)``."""
-        return (f"{self.owner} ({self.process} pid {self.pid} on {self.host}, thread "
-                f"{self.thread}, waiting {self.waiting_for:.1f} s)")
+        where = ("process unknown" if self.pid is None  # its process record is gone
+                 else f"{self.process} pid {self.pid} on {self.host}")
+        return f"{self.owner} ({where}, thread {self.thread}, waiting {self.waiting_for:.1f} s)"
 
 
 def _owner_of(token: str, info: dict[str, Any]) -> tuple[str, int | None]:

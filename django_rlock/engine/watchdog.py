@@ -311,7 +311,7 @@ class Watchdog:
     @staticmethod
     def _refresh_record(hold: Hold) -> None:
         """This process's record on the server it renews on, kept while it holds there
-        (``records.refresh``: a write every ``REFRESH`` at most; invariant 42)."""
+        (``records.refresh``: a write every ``REFRESH`` at most; invariant 43)."""
         records.refresh(hold.client, hold.server)
 
     def _renew_group(self, group: list[Hold], moved: bool = False, behind: int = 0) -> None:

@@ -182,7 +182,7 @@ def test_an_entry_is_compact_and_not_attributed_to_another_holder(r):
     RLock(r, "short", prefix="p:").lock(lease_time=30)  # lease mode: nothing renews it
     raw = r.hget(index_key("p:"), "p:short")
     # 44 bytes at most: the allocator's 48-byte class (docs/benchmarks.md, "What the index
-    # costs"); the process is in its record (invariant 42).
+    # costs"); the process is in its record (invariant 43).
     assert b"{" not in raw and len(raw) <= 44, raw
     assert Locks(r, "p:").read(["short"])[0].holders[0].pid == os.getpid()
     mine = identity.thread_owner()
