@@ -21,11 +21,12 @@ Who writes it, and when:
   server's data (a restart with no persistence, a failover to a replica that never had it)
   is written again within ``REFRESH`` plus one renewal period.
 
-Garbage collection is the TTL: the record of a process that died (a recycled Celery prefork
-child, a SIGKILL) or froze is gone within ``TTL`` (5 minutes). A listing that finds no record
-shows the holder's thread, its OS thread id and since when, with host, pid and process
-``None``: its process has not refreshed its record for ``TTL``, so it is dead or frozen (or
-the server lost the record less than ``REFRESH`` plus a period ago).
+Garbage collection is the TTL: each write lives ``max(TTL, lease + TTL / 2)``, so a record
+outlives every lease its process set, and the record of a process that died (a recycled
+Celery prefork child, a SIGKILL) or froze is gone ``TTL`` (5 minutes) after its last write,
+or its longest lease: records never pile up. A listing that finds no record (the server lost
+it, and the process has not written it again yet) shows the holder's thread, its OS thread
+id and since when, with host, pid and process ``None``.
 """
 
 from __future__ import annotations
