@@ -189,14 +189,14 @@ def _stamp() -> str:
 
 def thread_info(owner: str) -> str:
     """What an index entry says about ``owner``, the calling thread (format 3, without its
-    time: ``␞<uuid8>:<serial>␞<coded thread name>␞<thread ident, hex>``). The script that
+    time: ``␞<uuid8>:<serial>␞<coded thread name>␞<thread ident, base 36>``). The script that
     writes it puts the server's TIME in front (``lua/_stamped.lua``); the process's pid, label
     and host are in its process record (``records``), not in the entry."""
     t = threading.current_thread()
     cached = getattr(_local, "info3", None)
     if cached is not None and cached[0] is t.name and cached[1] == owner:
         return cached[2]  # type: ignore[no-any-return]
-    info = f"{SEP3}{short_owner(owner)}{SEP3}{coded_name(t.name)}{SEP3}{t.ident or 0:x}"
+    info = f"{SEP3}{short_owner(owner)}{SEP3}{coded_name(t.name)}{SEP3}{_ident36()}"
     _local.info3 = (t.name, owner, info)
     return info
 
@@ -205,7 +205,26 @@ def task_info(owner: str) -> str:
     """``thread_info`` for the running asyncio task: its name, and the thread it runs on."""
     task = acting_task()
     name = task.get_name() if task is not None else "?"
-    return f"{SEP3}{short_owner(owner)}{SEP3}{coded_name(name)}{SEP3}{threading.get_ident():x}"
+    return f"{SEP3}{short_owner(owner)}{SEP3}{coded_name(name)}{SEP3}{_ident36()}"
+
+
+_DIGITS36 = "0123456789abcdefghijklmnopqrstuvwxyz"
+
+
+def _ident36() -> str:
+    """The calling thread's ``threading.get_ident()`` in base 36 (10 characters where hex
+    takes 12: a pthread address), made once per thread."""
+    try:
+        return _local.ident36  # type: ignore[no-any-return]
+    except AttributeError:
+        n, out = threading.get_ident(), ""
+        while True:
+            n, d = divmod(n, 36)
+            out = _DIGITS36[d] + out
+            if not n:
+                break
+        _local.ident36 = out
+        return out
 
 
 def thread_info_inline(owner: str) -> str:

@@ -137,6 +137,7 @@ SEP = "\x1f"
 #: Separates the parts of a format 3 entry (``identity.SEP3``).
 SEP3 = "\x1e"
 _HEX = frozenset("0123456789abcdef")
+_BASE36 = frozenset("0123456789abcdefghijklmnopqrstuvwxyz")
 
 
 def parse_entry(raw: Any) -> tuple[float, dict[str, Any]] | None:
@@ -145,7 +146,7 @@ def parse_entry(raw: Any) -> tuple[float, dict[str, Any]] | None:
     Three formats are read (entries of processes of the previous releases stay listed during
     a deploy):
 
-    - format 3: ``<ms hex> <owner> <thread> <os thread id hex>``, each space being ``SEP3``
+    - format 3: ``<ms hex> <owner> <thread> <os thread id, base 36>``, each space being ``SEP3``
       (``\x1e``), with ``SEP3<kind>`` for a kind other than RLock's (``identity.thread_info``);
       the thread name coded by ``identity.NAME_CODES``. The process (pid, label, host) is not
       in it but in its process record (``records``), joined by the reader: the info has
@@ -179,7 +180,7 @@ def parse_entry(raw: Any) -> tuple[float, dict[str, Any]] | None:
         if len(parts) < 4 or not (old or ms) or _hex(ms or "0") is None:
             return None
         info = {"owner_short": parts[1], "thread": decoded_name(parts[2]),
-                "os_thread_id": _hex(parts[3]), "record": True}
+                "os_thread_id": _base36(parts[3]), "record": True}
         return _tail(old, _hex(ms or "0") or 0, parts, 4, info)
     since, _, blob = t.partition(" ")
     try:
@@ -210,6 +211,10 @@ def decoded_name(name: str) -> str:
     for code, full in NAME_CODES:
         name = name.replace(code, full)
     return name
+
+
+def _base36(v: str) -> int | None:
+    return int(v, 36) if v and len(v) <= 13 and _BASE36.issuperset(v) else None
 
 
 def _hex(v: str) -> int | None:
