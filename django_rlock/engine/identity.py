@@ -28,6 +28,7 @@ from typing import Any
 
 _process_id = str(uuid.uuid4())
 _fork_hooks: list[Callable[[], None]] = []
+_label_hooks: list[Callable[[], None]] = []
 #: One counter for threads and tasks: both name owners as ``<uuid>:<n>``, so they never clash.
 _serials = itertools.count(1)
 _local = threading.local()
@@ -98,6 +99,13 @@ def set_process_label(label: str | None) -> None:
     global _process_label, _process_parts
     _process_label = label
     _process_parts = None
+    for hook in _label_hooks:
+        hook()  # the process records say the new label (``records``)
+
+
+def on_label(hook: Callable[[], None]) -> None:
+    """Run ``hook`` after every ``set_process_label``."""
+    _label_hooks.append(hook)
 
 
 def process_label() -> str:

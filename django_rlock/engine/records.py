@@ -127,8 +127,12 @@ def refresh(client: Any, server: Any) -> None:
 
 
 def forget() -> None:
-    """Write every record again before the next attempt (tests; a server known to be new)."""
+    """Write every record again before the next attempt (a new process label; tests; a server
+    known to be new)."""
     _written().clear()
+
+
+identity.on_label(forget)
 
 
 # -- reading (listing) -------------------------------------------------------------------------

@@ -228,3 +228,14 @@ def test_a_forked_child_writes_its_own_record(r, redis_server):
 def test_an_unreadable_record_is_no_record(raw):
     expected = {"pid": 12, "process": "web", "host": "host"} if raw == b"12\x1eweb\x1ehost" else None
     assert records.parse(raw) == expected
+
+
+def test_a_new_process_label_is_written_before_the_next_attempt(r):
+    RLock(r, "before", prefix="l:").lock(lease_time=30)
+    try:
+        identity.set_process_label("billing worker")
+        RLock(r, "after", prefix="l:").lock(lease_time=30)
+        infos = Locks(r, "l:").read(["after", "before"])
+        assert [i.holders[0].process for i in infos] == ["billing worker"] * 2
+    finally:
+        identity.set_process_label(None)
