@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -53,7 +53,7 @@ RETRY = 10.0
 
 #: server id -> [monotonic send time of the last write, until when it lives (monotonic),
 #: not before (monotonic: after a failure)]; per process: a forked child has a new uuid.
-_written = process.local(dict)
+_written: Callable[[], dict[Any, list[float]]] = process.local(dict)
 
 
 def due(server: Any, lease_ms: int) -> bool:
