@@ -2,7 +2,7 @@
 
     python bench/manykeys.py [--procs 4] [--threads 8] [--keys 10000] [--seconds 3]
         [--rounds 3] [--held 1000,10000,100000] [--baseline REF] [--transport both]
-        [--markdown docs/benchmarks.md]
+        [--held-only] [--markdown docs/benchmarks.md]
 
 On a private redis-server (a unix socket and a loopback TCP port):
 
@@ -274,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--transport", choices=["unix", "tcp", "both"], default="both")
     ap.add_argument("--baseline", metavar="REF", help="also run RLock as it is at git revision REF")
     ap.add_argument("--markdown", metavar="FILE", help="add the tables to FILE's Notes")
+    ap.add_argument("--held-only", action="store_true",
+                    help="only the many held locks (memory), not the many keys")
     args = ap.parse_args(argv)
     ARGS_SECONDS = args.seconds
     # Imported here, not at the top: spawned processes import this module, and the baseline's
@@ -289,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     with RedisServer(port=free_port()) as server:
         version = server.client().info("server")["redis_version"]
         transports = ["unix", "tcp"] if args.transport == "both" else [args.transport]
+        if args.held_only:
+            transports = []
         for transport in transports:
             conn: dict[str, Any] = ({"unix_socket_path": server.socket} if transport == "unix"
                                     else {"host": "127.0.0.1", "port": server.port})

@@ -18,7 +18,7 @@ from typing import Any
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from . import events, identity, leases, replicas, waiters
+from . import events, identity, leases, records, replicas, waiters
 from .aiopool import cancel_dropped, mark_cancels, reset_budget, reset_cancels, set_budget
 from .clients import SlotBound, async_twin, refresh, sync_twin
 from .errors import LockNotOwnedError
@@ -161,6 +161,8 @@ class AsyncRLock(LockBase):
         elif reg is not None:
             args = args[:4] + self._register_args(reg[0], reg[1], self._grant_ms(lease_ms))
             keys = self._wait_keys
+        if records.due(k[0], args[0]):  # once per process and server (invariant 43)
+            await records.awrite(self._client, k[0], args[0])
         target = await self._target()
         sent = time.monotonic()
         try:

@@ -28,6 +28,7 @@ from typing import Any
 
 _process_id = str(uuid.uuid4())
 _fork_hooks: list[Callable[[], None]] = []
+_label_hooks: list[Callable[[], None]] = []
 #: One counter for threads and tasks: both name owners as ``<uuid>:<n>``, so they never clash.
 _serials = itertools.count(1)
 _local = threading.local()
@@ -98,6 +99,13 @@ def set_process_label(label: str | None) -> None:
     global _process_label, _process_parts
     _process_label = label
     _process_parts = None
+    for hook in _label_hooks:
+        hook()  # the process records say the new label (``records``)
+
+
+def on_label(hook: Callable[[], None]) -> None:
+    """Run ``hook`` after every ``set_process_label``."""
+    _label_hooks.append(hook)
 
 
 def process_label() -> str:
@@ -126,13 +134,34 @@ def process_label() -> str:
     return prog
 
 
-#: Separates an index entry's parts (``lockinfo.parse_entry``, format 2).
+#: Separates an index entry's parts in format 2 (``lockinfo.parse_entry``): the entries that
+#: carry their process inline (a leader, a task mark).
 SEP = "\x1f"
+#: Separates the parts of a format 3 entry, whose process is in its process record
+#: (``records``); never inside a part.
+SEP3 = "\x1e"
+#: Thread and task names as a format 3 entry codes them: each text by one control character
+#: (``lockinfo`` decodes them), so the names a server's threads get by default cost an entry a
+#: few bytes: ``MainThread`` 1, ``ThreadPoolExecutor-0_12`` 5, runserver's ``Thread-12
+#: (process_request_thread)`` 4. A real name's own control characters are replaced by ``?``.
+NAME_CODES = (("\x01", "MainThread"), ("\x02", "ThreadPoolExecutor-"),
+              ("\x03", " (process_request_thread)"), ("\x04", "Thread-"), ("\x05", "Task-"),
+              ("\x06", "asyncio_"), ("\x07", "Dummy-"))
+_UNSAFE = {ord(c): "?" for c in (SEP, SEP3, *(code for code, _ in NAME_CODES))}
 
 
 def _part(value: str) -> str:
-    """A name as one part of an entry: the separator (never in a real name) is replaced."""
+    """A name as one part of an entry: the separators (never in a real name) are replaced."""
     return value.replace(SEP, "?")
+
+
+def coded_name(name: str) -> str:
+    """A thread or task name as a format 3 entry carries it (``NAME_CODES``)."""
+    name = name.translate(_UNSAFE)
+    for code, text in NAME_CODES:
+        if text in name:
+            name = name.replace(text, code)
+    return name
 
 
 def short_owner(owner: str) -> str:
@@ -146,7 +175,7 @@ def short_owner(owner: str) -> str:
 
 
 def _process_part() -> str:
-    """The parts of an entry that describe this process, computed once per process."""
+    """The parts of a format 2 entry that describe this process, computed once per process."""
     global _process_parts
     if _process_parts is None:
         _process_parts = (f"{os.getpid()}{SEP}{_part(process_label())}"
@@ -154,15 +183,63 @@ def _process_part() -> str:
     return _process_parts
 
 
+def process_record() -> str:
+    """This process's record (``records``): ``<pid>␞<process label>␞<host>``."""
+    return SEP3.join((str(os.getpid()), process_label().translate(_UNSAFE),
+                      socket.gethostname().translate(_UNSAFE)))
+
+
 def _stamp() -> str:
-    # The holder's clock, in ms: a placeholder in the entry's "since" field, which every script
-    # that writes the entry replaces with the server's TIME (lua/_stamped.lua).
+    # The holder's clock, in ms: a placeholder in a format 2 entry's "since" field, which every
+    # script that writes the entry replaces with the server's TIME (lua/_stamped.lua).
     return str(int(time.time() * 1000))
 
 
 def thread_info(owner: str) -> str:
-    """What an index entry says about ``owner``, the calling thread, starting now (format 2:
-    ``lockinfo.parse_entry``)."""
+    """What an index entry says about ``owner``, the calling thread (format 3, without its
+    time: ``␞<uuid8>:<serial>␞<coded thread name>␞<thread ident, base 36>``). The script that
+    writes it puts the server's TIME in front (``lua/_stamped.lua``); the process's pid, label
+    and host are in its process record (``records``), not in the entry."""
+    t = threading.current_thread()
+    cached = getattr(_local, "info3", None)
+    if cached is not None and cached[0] is t.name and cached[1] == owner:
+        return cached[2]  # type: ignore[no-any-return]
+    info = f"{SEP3}{short_owner(owner)}{SEP3}{coded_name(t.name)}{SEP3}{_ident36()}"
+    _local.info3 = (t.name, owner, info)
+    return info
+
+
+def task_info(owner: str) -> str:
+    """``thread_info`` for the running asyncio task: its name, and the thread it runs on."""
+    task = acting_task()
+    name = task.get_name() if task is not None else "?"
+    return f"{SEP3}{short_owner(owner)}{SEP3}{coded_name(name)}{SEP3}{_ident36()}"
+
+
+_DIGITS36 = "0123456789abcdefghijklmnopqrstuvwxyz"
+
+
+def _ident36() -> str:
+    """The calling thread's ``threading.get_ident()`` in base 36 (10 characters where hex
+    takes 12: a pthread address), made once per thread."""
+    try:
+        return _local.ident36  # type: ignore[no-any-return]
+    except AttributeError:
+        n, out = threading.get_ident(), ""
+        while True:
+            n, d = divmod(n, 36)
+            out = _DIGITS36[d] + out
+            if not n:
+                break
+        _local.ident36 = out
+        return out
+
+
+def thread_info_inline(owner: str) -> str:
+    """``thread_info`` with the process inline (format 2: ``<ms>␟<uuid8>:<serial>␟<thread>␟
+    <os thread id>␟<pid>␟<process>␟<host>``): for the entries read without the process
+    record (a leader's, read by ``Leader.info`` in one round trip; a task mark's, whose
+    writer is often gone)."""
     t = threading.current_thread()
     cached = getattr(_local, "info", None)
     if cached is not None and cached[0] is t.name and cached[1] == owner:
@@ -172,8 +249,8 @@ def thread_info(owner: str) -> str:
     return _stamp() + info
 
 
-def task_info(owner: str) -> str:
-    """``thread_info`` for the running asyncio task: its name, and the thread it runs on."""
+def task_info_inline(owner: str) -> str:
+    """``thread_info_inline`` for the running asyncio task."""
     task = acting_task()
     name = task.get_name() if task is not None else "?"
     return (f"{_stamp()}{SEP}{short_owner(owner)}{SEP}{_part(name)}{SEP}{threading.get_ident()}"
@@ -200,4 +277,4 @@ def renew() -> None:
 def with_kind(info: str, kind: str) -> str:
     """An index entry's holder info for a lock kind other than RLock: listing reads the kind
     from it (none: a plain lock)."""
-    return f"{info}{SEP}{kind}"
+    return f"{info}{SEP3 if info.startswith(SEP3) else SEP}{kind}"

@@ -153,7 +153,7 @@ class LeaderLock(_LeaderLockMixin, FencedLock):
         super().__init__(client, name, prefix, watchdog_timeout, **kwargs)
         self._leader_init()
 
-    _holder_info = staticmethod(identity.thread_info)
+    _holder_info = staticmethod(identity.thread_info_inline)
 
     def _attempt(self, k: Any, lease_ms: int | None, t0: float, claim: bool = False,
                  reg: Any = None) -> int | None:
@@ -182,7 +182,7 @@ class AsyncLeaderLock(_LeaderLockMixin, AsyncFencedLock):
         super().__init__(client, name, prefix, watchdog_timeout, **kwargs)
         self._leader_init()
 
-    _holder_info = staticmethod(identity.task_info)
+    _holder_info = staticmethod(identity.task_info_inline)
 
     async def _attempt(self, k: Any, lease_ms: int | None, t0: float, claim: bool = False,
                        reg: Any = None) -> int | None:

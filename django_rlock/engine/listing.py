@@ -23,7 +23,8 @@ Redisson stores alike, so it is shown as ``semaphore|latch``. Anything else (a c
 somebody's own hash, the kinds' auxiliary keys) is never listed.
 
 Costs are bounded: two pipelined round trips per ``BATCH`` keys (shapes, then contents, with
-the waiters' records: ``waiters``), never a round trip per lock.
+the waiters' records: ``waiters``), and a third for the holders' and waiters' process records
+(``records.join``: pid, label, host), never a round trip per lock.
 """
 
 from __future__ import annotations
@@ -33,8 +34,15 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from . import kinds, waiters
-from .clients import check_client, is_cluster, is_cluster_node, node_client, node_clients
+from . import kinds, records, waiters
+from .clients import (
+    check_client,
+    cluster_of,
+    is_cluster,
+    is_cluster_node,
+    node_client,
+    node_clients,
+)
 from .kinds import SEMAPHORE_OR_LATCH, Kind
 from .lockinfo import (
     NEVER_MS,
@@ -55,6 +63,7 @@ from .naming import (
     HANDOFF_QUEUE_PREFIX,
     HANDOFF_WAITERS_PREFIX,
     INDEX_PREFIX,
+    PROCESS_PREFIX,
     TOKEN_PREFIX,
     WAITING_PREFIX,
     index_key,
@@ -85,7 +94,8 @@ MAX_SHOWN = 1000
 _GLOB_SPECIAL = re.compile(r"([\\*?\[\]])")
 # Keys the kinds keep next to their main key: never listed as locks of their own.
 _AUX_PREFIXES = tuple(p + ":" for p in (FAIR_QUEUE_PREFIX, FAIR_TIMEOUT_PREFIX, TOKEN_PREFIX,
-                                        "redisson_unlock_latch", INDEX_PREFIX)) + tuple(
+                                        "redisson_unlock_latch", INDEX_PREFIX,
+                                        PROCESS_PREFIX)) + tuple(
     p + sep for p in (HANDOFF_QUEUE_PREFIX, HANDOFF_WAITERS_PREFIX, WAITING_PREFIX)
     for sep in ":!")
 # A read hold's timeout string, ``{key}:<owner>:rwlock_timeout:<k>``. (A permit zset
@@ -141,6 +151,8 @@ class Locks:
         #: On a cluster node every lock has an index of its own, in its slot (``index_key``).
         self._per_key = is_cluster_node(client)
         self.index = index_key(prefix)
+        #: Where the process records are read (a cluster node's: its cluster, any slot).
+        self._records = cluster_of(client) or client
 
     def _index_of(self, key: str) -> str:
         return index_key(self.prefix, key) if self._per_key else self.index
@@ -225,8 +237,9 @@ class Locks:
     def read(self, names: Iterable[str]) -> list[LockInfo]:
         """The named locks still live, in the given order; gone or non-lock keys left out.
 
-        Two round trips per ``BATCH`` names: shapes first (a big foreign key is never read
-        whole), then contents, PTTL, index entry and the kind's auxiliary keys, with TIME.
+        Three round trips per ``BATCH`` names: shapes first (a big foreign key is never read
+        whole), then contents, PTTL, index entry and the kind's auxiliary keys, with TIME,
+        then the process records of the holders and waiters found (``records.join``).
         """
         out: list[LockInfo] = []
         for chunk in _batches([self.prefix + n for n in names if n]):
@@ -291,7 +304,7 @@ class Locks:
             info = make(key, ttl, entry, got, now * 1000.0, detail)
             if info is not None:
                 out.append(dataclasses.replace(info, waiters=waiting) if waiting else info)
-        return out
+        return records.join(self._records, out)  # who they are: their process records
 
     def _hash(self, key: str, ttl: float, entry: dict[str, Any] | None, got: list[Any],
               now_ms: float, detail: bool) -> LockInfo | None:

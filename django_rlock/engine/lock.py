@@ -16,7 +16,7 @@ from typing import Any
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from . import identity, leases, replicas, waiters, wakeline
+from . import identity, leases, records, replicas, waiters, wakeline
 from .base import (
     GRANT_CHECK_MARGIN,
     REGISTRATION_SLACK_MS,
@@ -140,6 +140,8 @@ class RLock(LockBase):
         elif reg is not None:
             args = args[:4] + self._register_args(reg[0], reg[1], self._grant_ms(lease_ms))
             keys = self._wait_keys
+        if records.due(k[0], args[0]):  # once per process and server (invariant 43)
+            records.write(self._client, k[0], args[0])
         connected, target = self._target()
         sent = time.monotonic()
         if target is None:

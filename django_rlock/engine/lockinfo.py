@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from .identity import NAME_CODES
 from .kinds import get
 from .naming import LEASE_MARK
 
@@ -80,9 +81,10 @@ class Holder:
     def describe(self) -> str:
         """One line for logs: ``<field> (runserver pid 12 on web-1, thread Thread-3, 2.5 s)``."""
         owner = self.field
-        if self.pid is None:
-            return owner
         held = "" if self.held_for is None else f", held {self.held_for:.1f} s"
+        if self.pid is None:  # no entry (another client); or its process record is gone
+            return owner if self.thread is None else (
+                f"{owner} (process unknown, thread {self.thread}{held})")
         return (f"{owner} ({self.process} pid {self.pid} on {self.host}, thread {self.thread}"
                 f"{held})")
 
@@ -132,21 +134,31 @@ def lease_text(seconds: float | None) -> str:
 
 #: Separates the parts of an index entry (format 2); never inside a part (``identity``).
 SEP = "\x1f"
+#: Separates the parts of a format 3 entry (``identity.SEP3``).
+SEP3 = "\x1e"
+_HEX = frozenset("0123456789abcdef")
+_BASE36 = frozenset("0123456789abcdefghijklmnopqrstuvwxyz")
 
 
 def parse_entry(raw: Any) -> tuple[float, dict[str, Any]] | None:
     """An index value as (since, in seconds since the epoch; what it says about the holder).
 
-    Two formats are read (entries of processes of the previous release stay listed during a
-    deploy):
+    Three formats are read (entries of processes of the previous releases stay listed during
+    a deploy):
 
+    - format 3: ``<ms hex> <owner> <thread> <os thread id, base 36>``, each space being ``SEP3``
+      (``\x1e``), with ``SEP3<kind>`` for a kind other than RLock's (``identity.thread_info``);
+      the thread name coded by ``identity.NAME_CODES``. The process (pid, label, host) is not
+      in it but in its process record (``records``), joined by the reader: the info has
+      ``"record": True`` and no ``pid``. Restamped by a release of the previous release (a
+      hand-off), it has that release's ``<s>.<ms> `` in front, which is then its since;
     - format 2: ``<ms> <owner> <thread> <os thread id> <pid> <process> <host>``, each space
-      being ``SEP`` (the unit separator), with ``SEP<kind>`` for a kind other than RLock's
-      (``identity.thread_info``), and after it any parts of the kind's own (``more``: a task
-      mark's state and task name, ``taskmark.entry``); ``<owner>`` is the holder's field
-      with its uuid cut to 8 characters (``identity.short_owner``). Written by a release of
-      the previous release (a hand-off), it has that release's ``<s>.<us> `` in front,
-      which is then its since;
+      being ``SEP`` (the unit separator), with ``SEP<kind>`` for a kind other than RLock's,
+      and after it any parts of the kind's own (``more``: a task mark's state and task name,
+      ``taskmark.entry``); ``<owner>`` is the holder's field with its uuid cut to 8
+      characters (``identity.short_owner``). Written by the previous release, and still by
+      a leader and a task mark (``identity.thread_info_inline``). Written by a release of
+      an older release (a hand-off), it has that release's ``<s>.<us> `` in front;
     - format 1: ``<s>.<us> <json>`` (``owner``, ``host``, ``pid``, ``process``, ``thread``,
       ``os_thread_id``, ``kind`` members), which the kinds without a holder still write.
     """
@@ -161,14 +173,15 @@ def parse_entry(raw: Any) -> tuple[float, dict[str, Any]] | None:
         info: dict[str, Any] = {"owner_short": parts[1], "thread": parts[2],
                                 "os_thread_id": _digits(parts[3]), "pid": _digits(parts[4]),
                                 "process": parts[5], "host": parts[6]}
-        if len(parts) > 7 and parts[7]:
-            info["kind"] = parts[7]
-        if len(parts) > 8:
-            info["more"] = parts[8:]  # the kind's own parts (a task mark's state and name)
-        try:
-            return (float(old) if old else int(ms) / 1000.0), info
-        except ValueError:
+        return _tail(old, int(ms), parts, 7, info)
+    if SEP3 in t:
+        parts = t.split(SEP3)
+        old, _, ms = parts[0].rpartition(" ")
+        if len(parts) < 4 or not (old or ms) or _hex(ms or "0") is None:
             return None
+        info = {"owner_short": parts[1], "thread": decoded_name(parts[2]),
+                "os_thread_id": _base36(parts[3]), "record": True}
+        return _tail(old, _hex(ms or "0") or 0, parts, 4, info)
     since, _, blob = t.partition(" ")
     try:
         about = json.loads(blob)
@@ -176,6 +189,36 @@ def parse_entry(raw: Any) -> tuple[float, dict[str, Any]] | None:
     except (ValueError, TypeError):
         return None
     return (at, about) if isinstance(about, dict) else None
+
+
+def _tail(old: str, ms: int, parts: list[str], n: int, info: dict[str, Any]
+          ) -> tuple[float, dict[str, Any]] | None:
+    """An entry's kind and the kind's own parts (after the first ``n``), and its since."""
+    if len(parts) > n and parts[n]:
+        info["kind"] = parts[n]
+    if len(parts) > n + 1:
+        info["more"] = parts[n + 1:]  # the kind's own parts (a task mark's state and name)
+    try:
+        return (float(old) if old else ms / 1000.0), info
+    except ValueError:
+        return None
+
+
+def decoded_name(name: str) -> str:
+    """A thread or task name as a format 3 entry codes it, decoded (``identity.NAME_CODES``)."""
+    if name.isprintable():
+        return name
+    for code, full in NAME_CODES:
+        name = name.replace(code, full)
+    return name
+
+
+def _base36(v: str) -> int | None:
+    return int(v, 36) if v and len(v) <= 13 and _BASE36.issuperset(v) else None
+
+
+def _hex(v: str) -> int | None:
+    return int(v, 16) if v and len(v) <= 16 and _HEX.issuperset(v) else None
 
 
 def _digits(v: str) -> int | None:

@@ -89,6 +89,17 @@ def index_key(prefix: str, key: str | None = None) -> str:
     return _own(f"{INDEX_PREFIX}:{prefix}", key)
 
 
+#: What a listing shows about a process (pid, label, host), written once per process and
+#: server (``records``), not in every index entry.
+PROCESS_PREFIX = "rlock-process"
+
+
+def process_key(process_id: str) -> str:
+    """The process record of the process whose uuid is ``process_id``: one string per
+    process, under no prefix (every prefix's listing joins it), in a slot of its own."""
+    return f"{PROCESS_PREFIX}:{{{process_id}}}"
+
+
 def prefix_name(prefix: str, key: str) -> str:
     """Redisson's ``prefixName``: ``prefix:{key}`` (``prefix:key`` if it has a hash tag)."""
     return _prefixed(prefix, key)

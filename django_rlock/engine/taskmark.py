@@ -31,13 +31,14 @@ SEP = identity.SEP
 
 def entry(field: str, state: str, task_name: str) -> str:
     """The index entry of the mark whose hash field is ``field``: the calling process's
-    ``thread_info`` (format 2), kind ``task``, then ``state`` and ``task_name``."""
+    ``thread_info_inline`` (format 2: its writer, often a shell gone since, in the entry),
+    kind ``task``, then ``state`` and ``task_name``."""
     if state not in STATES:
         raise ValueError(f"task mark {field!r}: state must be one of {STATES}, not {state!r}")
     if not isinstance(task_name, str) or not task_name:
         raise TypeError(f"task mark {field!r}: task_name must be a non-empty str, "
                         f"not {task_name!r}")
-    return f"{identity.thread_info(field)}{SEP}{TASK}{SEP}{state}{SEP}{task_name.replace(SEP, '?')}"
+    return f"{identity.thread_info_inline(field)}{SEP}{TASK}{SEP}{state}{SEP}{task_name.replace(SEP, '?')}"
 
 
 def _details(probe: dict[str, Any], detail: bool) -> dict[str, Any]:

@@ -99,7 +99,8 @@ def note(key: str, deadline: float | None, *, owner: str | None = None, aio: boo
     if owner is None:
         owner = identity.task_owner() if aio else identity.thread_owner()
     if info is None:
-        info = identity.task_info(owner) if aio else identity.thread_info(owner)
+        # Format 2: the kinds that call this without ``info`` write no process record.
+        info = identity.task_info_inline(owner) if aio else identity.thread_info_inline(owner)
     bound_ms = UNBOUNDED_MS if bound is None else max(1, math.ceil(bound * 1000))
     return Note(key, f"{owner}#n{next(_serials)}", deadline, info, bound_ms)
 
@@ -258,8 +259,9 @@ class Waiter:
 
     def describe(self) -> str:
         """One line: ``<owner> (worker pid 12 on web-1, thread T, waiting 2.5 s)``."""
-        return (f"{self.owner} ({self.process} pid {self.pid} on {self.host}, thread "
-                f"{self.thread}, waiting {self.waiting_for:.1f} s)")
+        where = ("process unknown" if self.pid is None  # its process record is gone
+                 else f"{self.process} pid {self.pid} on {self.host}")
+        return f"{self.owner} ({where}, thread {self.thread}, waiting {self.waiting_for:.1f} s)"
 
 
 def _owner_of(token: str, info: dict[str, Any]) -> tuple[str, int | None]:

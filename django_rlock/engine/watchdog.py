@@ -29,7 +29,7 @@ from typing import Any
 
 from redis.exceptions import AskError, MovedError, NoScriptError
 
-from . import events, process, replicas, windows
+from . import events, process, records, replicas, windows
 from .clients import cluster_of, is_cluster_node, node_client, refresh
 from .holds import INF, Hold, HoldKey, HoldKind, LostCallback, server_id
 from .renewal import Lateness, Scheduler, renew_calls, results
@@ -304,8 +304,15 @@ class Watchdog:
         ``ended`` (the holds of threads that ended); ``behind`` more wait in the queue."""
         if group:
             self._renew_group(group, behind=behind)
+            self._refresh_record(group[0])
         if ended:
             self._release_dead(ended)
+
+    @staticmethod
+    def _refresh_record(hold: Hold) -> None:
+        """This process's record on the server it renews on, kept while it holds there
+        (``records.refresh``: a write every ``REFRESH`` at most; invariant 43)."""
+        records.refresh(hold.client, hold.server)
 
     def _renew_group(self, group: list[Hold], moved: bool = False, behind: int = 0) -> None:
         sent = time.monotonic()

@@ -20,6 +20,8 @@ import pytest
 import redis
 from django.test import override_settings
 
+from django_rlock.engine import records
+
 ROOT = Path(__file__).parents[2]
 WATCHDOG = 1.0  # seconds: the workers' lock watchdog timeout
 
@@ -75,6 +77,7 @@ def locks(redis_server: Any, lock_settings: None) -> Iterator[redis.Redis]:
     client = redis_server.client(db=5)
     client.flushdb()
     redis_server.client(db=6).flushdb()
+    records.forget()  # an empty database: this process's record is written again
     yield client
     client.close()
 

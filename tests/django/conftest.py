@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import redis
 
-from django_rlock.engine import LockNotOwnedError, RLock
+from django_rlock.engine import LockNotOwnedError, RLock, records
 from django_rlock.engine.naming import index_key
 from tests.redis_server import RedisServer
 
@@ -43,6 +43,7 @@ def rlock_caches(settings: Any, redis_server: RedisServer) -> Iterator[None]:
     for db in (DJANGO_REDIS_DB, BUILTIN_DB):
         with redis_server.client(db=db) as c:
             c.flushdb()
+    records.forget()  # empty databases: this process's records are written again
     settings.CACHES = caches_for(redis_server)
     settings.RLOCK = {}
     yield

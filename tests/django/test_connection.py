@@ -148,8 +148,10 @@ def test_version_and_cache_keys_do_not_collide(settings: Any, db1: redis.Redis) 
     caches["default"].set("rlock:job", "cached value")
     with get_lock("job"):
         keys = sorted(k.decode() for k in db1.scan_iter())
-        # The lock, the cache value, and the index of the lock prefix (outside it).
-        assert keys == ["demo:3:rlock:job", "demo:rlock:job", "rlock-index:demo:rlock:"]
+        # The lock, the cache value, the index of the lock prefix (outside it) and the
+        # process record (under no prefix: invariant 43).
+        assert keys[:3] == ["demo:3:rlock:job", "demo:rlock:job", "rlock-index:demo:rlock:"]
+        assert len(keys) == 4 and keys[3].startswith("rlock-process:{")
 
 
 # -- system checks --------------------------------------------------------------------------

@@ -29,6 +29,8 @@ FAR = 10 ** 13  # a queue entry's timeout (ms) in the year 2286: never pruned by
 def snapshot(client: redis.Redis) -> dict[bytes, Any]:
     out: dict[bytes, Any] = {}
     for key in sorted(client.keys("*")):
+        if key.startswith(b"rlock-process:"):
+            continue  # the process's own record (invariant 43), not the lock's state
         kind = client.type(key)
         if kind == b"hash":
             out[key] = client.hgetall(key)

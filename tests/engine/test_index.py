@@ -10,10 +10,11 @@ import time
 import pytest
 
 from django_rlock import RLock
-from django_rlock.engine import identity
+from django_rlock.engine import identity, records
 from django_rlock.engine.listing import Locks, describe_holders
 from django_rlock.engine.lockinfo import describes, parse_entry
 from django_rlock.engine.naming import index_key
+from django_rlock.engine.watchdog import server_id
 
 
 def entry(r, prefix: str, key: str) -> dict | None:
@@ -28,8 +29,11 @@ def test_a_lock_is_indexed_from_acquire_to_release_with_its_holder(r, holders):
     h.call(lock.lock)
     e = entry(r, "app:", "app:indexed")
     assert e is not None and describes(e, h.call(identity.thread_owner))
-    assert e["thread"] == "worker-7" and e["pid"] > 0 and e["host"] and e["process"]
+    # Format 3: the thread in the entry, the process in its record (joined by listings).
+    assert e["thread"] == "worker-7" and e["record"] is True and "pid" not in e
     assert e["os_thread_id"] == h.thread.ident
+    (holder,) = Locks(r, "app:").read(["indexed"])[0].holders
+    assert holder.pid == os.getpid() and holder.host and holder.process == identity.process_label()
     h.call(lock.lock)  # reentry: the entry (and its "since") stays as it was
     assert entry(r, "app:", "app:indexed") == e
     h.call(lock.unlock)
@@ -140,13 +144,28 @@ def test_entries_in_the_previous_format_are_still_listed_with_their_holder(r):
     about = {"owner": old_owner, "host": "web-1", "pid": 4121, "process": "runserver",
              "thread": "Thread-7", "os_thread_id": 1234}
     r.hset(index_key("p:"), "p:old", f"{time.time() - 2:.6f} {json.dumps(about)}")
+    # Format 2 (the previous release's: the process inline), and behind an older release's
+    # "<s>.<us> " (its hand-off); format 3 behind one (a release of the previous release
+    # granting to a waiter of this one).
     new_owner = "5e6f7a8b-1111-4222-8333-944455556666:9"
     _hold_as(r, "p:mixed", new_owner)
-    info = identity.with_kind(identity.thread_info(new_owner), "fenced")
+    info = identity.with_kind(identity.thread_info_inline(new_owner), "fenced")
     r.hset(index_key("p:"), "p:mixed", f"{time.time() - 3:.6f} {info}")
+    _hold_as(r, "p:two", new_owner[:-1] + "8")
+    info = identity.with_kind(identity.thread_info_inline(new_owner[:-1] + "8"), "fair")
+    r.hset(index_key("p:"), "p:two", f"{int(time.time() * 1000) - 4000}{info[info.index(identity.SEP):]}")
+    three = identity.thread_owner()
+    records.write(r, server_id(r))
+    _hold_as(r, "p:three", three)
+    info = identity.with_kind(identity.thread_info(three), "fenced")
+    r.hset(index_key("p:"), "p:three", f"{time.time() - 5:.3f} {info}")
     locks = Locks(r, "p:")
-    assert locks.names() == ["mixed", "old"]
-    mixed, old = locks.read(["mixed", "old"])
+    assert locks.names() == ["mixed", "old", "three", "two"]
+    mixed, old, three, two = locks.read(["mixed", "old", "three", "two"])
+    for info, kind, held in ((two, "fair", 4), (three, "fenced", 5)):
+        (h,) = info.holders
+        assert info.kind == kind and h.pid == os.getpid() and h.thread == "MainThread"
+        assert held - 0.5 < h.held_for < held + 5
     (h,) = old.holders
     assert (h.host, h.pid, h.process, h.thread, h.os_thread_id) == (
         "web-1", 4121, "runserver", "Thread-7", 1234)
@@ -162,7 +181,9 @@ def test_an_entry_is_compact_and_not_attributed_to_another_holder(r):
     the old holder's details."""
     RLock(r, "short", prefix="p:").lock(lease_time=30)  # lease mode: nothing renews it
     raw = r.hget(index_key("p:"), "p:short")
-    assert b"{" not in raw and len(raw) < 100 + len(identity.process_label())
+    # 44 bytes at most: the allocator's 48-byte class (docs/benchmarks.md, "What the index
+    # costs"); the process is in its record (invariant 43).
+    assert b"{" not in raw and len(raw) <= 44, raw
     assert Locks(r, "p:").read(["short"])[0].holders[0].pid == os.getpid()
     mine = identity.thread_owner()
     r.delete("p:short")  # gone behind the index's back, taken again by a Java client whose
@@ -187,10 +208,12 @@ def test_a_direct_hand_off_lists_the_heir_since_the_release_with_old_info_too(r)
             grant_channel(key))
     me = identity.thread_owner()
     heir = me[:-1] + "8"
-    made = identity.thread_info(heir)
+    made = identity.thread_info(heir)  # format 3, no time: the release puts it in front
+    stamped = f"{int(time.time() * 1000) - 5000:x}{made}"  # a waiter's record: stamped before
+    inline = identity.thread_info_inline(heir)  # a waiter of the previous release (format 2)
+    inline = f"{int(inline.split(identity.SEP)[0]) - 5000}{inline[inline.index(identity.SEP):]}"
     old = json.dumps({"owner": heir, "host": "h", "pid": 1, "thread": "old"})
-    for info in (f"{int(made.split(identity.SEP)[0]) - 5000}{made[made.index(identity.SEP):]}",
-                 old):
+    for info in (made, stamped, inline, old):
         _hold_as(r, key, me)
         before = time.time()
         assert call(r, RELEASE_SCRIPT, keys, (me, 30000, "0", heir, 30000, 1, info, "", "")) == -1
