@@ -99,12 +99,23 @@ class HandOffs:
             w.wake()
 
     def resolve(self, channel: bytes, w: Waiter, granted: bool,
-                since: float | None = None) -> bool:
+                since: float | None = None, registered: bool = False,
+                orphaned: Callable[[bytes, float | None], Any] | None = None) -> bool:
         """Settle a reservation. Returns False if the waiter left meanwhile (the caller must
-        then release the lock on its behalf). ``since``: when the release was sent."""
+        then release the lock on its behalf). ``since``: when the release was sent.
+        ``registered``: the release put the waiter in line in Redis instead (it granted the
+        lock to someone else, invariant 43); the waiter stays parked at the head of our queue
+        and now withdraws when it gives up. If it is gone, ``orphaned(token, deadline)`` takes
+        its entry out."""
         with self.channels.lock:
             ch = self.channels.get(channel)
             self._reserved.pop(w, None)
+            if registered:
+                if w.state in (State.ABANDONED, State.LEFT):
+                    if orphaned is not None and w.token is not None and w.handoff is not None:
+                        orphaned(w.token, w.handoff.deadline)
+                else:
+                    w.registered = True
             if w in self._detached:
                 # It stopped waiting for us: never grant behind its back, never release on its
                 # behalf (it may have acquired again as the same owner, invariants 7, 12). If it
@@ -130,6 +141,15 @@ class HandOffs:
                     ch.pending = False
                 if not self._give(w, None, since, True):
                     return False  # its event loop is gone: release on its behalf
+            elif registered and ch is not None:
+                # In line in Redis now, as its own attempt would have put it: it sleeps on
+                # until its grant (or its park's bound), first in our queue as it was.
+                ch.active -= 1
+                w.move(State.QUEUED)
+                ch.queue.appendleft(w)
+                if ch.pending:  # a wake came meanwhile: it was this waiter's to use
+                    ch.pending = False
+                    ch.wake_one()
             elif not w.signal() and ch is not None:
                 # Released the ordinary way (or not at all): this waiter was to retry first;
                 # it is gone, so the wake passes on.

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import math
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -69,7 +71,8 @@ class HandOff:
     hold. ``grant`` (the lock's grant channel), ``token``, ``grant_ms``: any process's release
     may grant it the lock (invariants 20-22); ``registered``: its first attempt already put it
     in line. ``line``: the thread's own wake line, where grants to ``token`` arrive (invariant
-    25).
+    25). ``deadline`` (monotonic; None: no budget) and ``slack_ms``: what a release that puts
+    the waiter in line writes in its entry (invariant 43).
     """
 
     owner: str
@@ -81,6 +84,15 @@ class HandOff:
     registered: bool = False
     grant_ms: int = 0
     line: Any = None
+    deadline: float | None = None
+    slack_ms: int = 0
+
+    def register_args(self) -> tuple[int, int, int]:
+        """ARGV[11:14] of a release that may put this waiter in line: budget ms (-1: none),
+        grant lease ms, registration slack ms (``release.lua``)."""
+        budget = -1 if self.deadline is None else max(
+            0, math.ceil((self.deadline - time.monotonic()) * 1000))
+        return budget, self.grant_ms, self.slack_ms
 
 
 class Waiter:
