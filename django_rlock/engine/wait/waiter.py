@@ -99,7 +99,7 @@ class Waiter:
     """One waiting thread, or one waiting asyncio task (``loop`` given)."""
 
     __slots__ = ("state", "key", "handoff", "token", "line", "registered", "seen", "pending",
-                 "deliver", "_park", "_loop", "_event")
+                 "deliver", "_park", "_loop", "_event", "_tid")
 
     def __init__(self, key: str = "", handoff: HandOff | None = None,
                  loop: asyncio.AbstractEventLoop | None = None) -> None:
@@ -119,6 +119,7 @@ class Waiter:
         self._loop = loop
         if loop is not None:
             self._event = asyncio.Event()
+            self._tid = threading.get_ident()  # its loop's thread (it joins from there)
         elif self.line is None:
             self._park = threading.Lock()
             self._park.acquire()
@@ -171,6 +172,11 @@ class Waiter:
         """Wake it (under the lock); False if it is gone (its event loop closed under it),
         and then it is ``ABANDONED``."""
         if self._loop is not None:
+            if threading.get_ident() == self._tid and not self._loop.is_closed():
+                # A task of its own loop woke it (its release granted or handed it the lock):
+                # no self-pipe write, no extra turn of the loop.
+                self._event.set()
+                return True
             try:
                 self._loop.call_soon_threadsafe(self._event.set)
             except RuntimeError:  # its loop is closed: the waiter is gone
