@@ -44,6 +44,10 @@ class HandOffs:
         #: Heirs granted by a releasing thread of ours that have not run yet: the lock that
         #: thread blocks on until they do (``hand_over``, ``took_over``).
         self._acks: dict[Waiter, threading.Lock] = {}
+        #: Reserved heirs granted by token before their reservation was resolved (our release
+        #: put them in line and another process's release granted them at once, invariant
+        #: 43): ``resolve`` books the grant.
+        self._raced: dict[Waiter, float | None] = {}
 
     # -- our own releases (invariant 5) ---------------------------------------------------
     def reserve(self, channel: bytes, key: str,
@@ -110,6 +114,20 @@ class HandOffs:
         with self.channels.lock:
             ch = self.channels.get(channel)
             self._reserved.pop(w, None)
+            raced = w in self._raced
+            raced_since = self._raced.pop(w, None)
+            if registered and raced and w.state is State.RESERVED and w not in self._detached \
+                    and ch is not None:
+                # Put in line by this release and granted by the next one before this reply
+                # was booked: it holds the lock.
+                ch.active -= 1
+                ch.pending = False
+                return self.take_grant(ch, w, w.handoff.grant_ms if w.handoff else None,
+                                       raced_since)
+            if registered and raced and w.state is State.ABANDONED:
+                if ch is not None:
+                    ch.active -= 1
+                return False  # granted to a waiter that is gone: release on its behalf
             if registered:
                 if w.state in (State.ABANDONED, State.LEFT):
                     if orphaned is not None and w.token is not None and w.handoff is not None:
@@ -251,8 +269,13 @@ class HandOffs:
                         self.next_watch = ch.grant_watch
                 return None
             ch.grant_watch = 0.0
-            if w.state in (State.GRANTED, State.RESERVED, State.ACQUIRED):
-                return None  # taken already; or our own release's heir, which ``resolve`` settles
+            if w.state is State.RESERVED:
+                # Our own release's heir, which ``resolve`` settles: that release put it in
+                # line and this grant came first (invariant 43).
+                self._raced[w] = since
+                return None
+            if w.state in (State.GRANTED, State.ACQUIRED):
+                return None  # taken already
             if self.take_grant(ch, w, w.handoff.grant_ms if w.handoff else None, since,
                                by_release):
                 return w

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from . import settings
+
 
 class State(enum.Enum):
     #: In its channel's queue, parked or about to attempt: the one state a releasing thread of
@@ -89,10 +91,12 @@ class HandOff:
 
     def register_args(self) -> tuple[int, int, int]:
         """ARGV[11:14] of a release that may put this waiter in line: budget ms (-1: none),
-        grant lease ms, registration slack ms (``release.lua``)."""
+        grant lease ms, and the slack past the new holder's grant lease: the registration
+        slack plus a grant lease, the longest the waiter then parks before it attempts and
+        renews the entry itself (``loop``)."""
         budget = -1 if self.deadline is None else max(
             0, math.ceil((self.deadline - time.monotonic()) * 1000))
-        return budget, self.grant_ms, self.slack_ms
+        return budget, self.grant_ms, self.slack_ms + math.ceil(settings.GRANT_LEASE * 1000)
 
 
 class Waiter:
