@@ -61,9 +61,12 @@ class Releasing:
             if heir is None:
                 args += ("", 0, 0, "")
             args += ("", identity.process_id())
-            if heir is not None and heir.token is not None and heir.handoff is not None:
-                # If the release grants the lock to someone in line, it puts the heir in line
-                # too (its own attempt would have, one round trip later: invariant 43).
+            if (heir is not None and heir.aio and heir.token is not None
+                    and heir.handoff is not None):
+                # If the release grants the lock to someone in line, it puts the heir (an
+                # asyncio task's wait) in line too: its own attempt would have, one round trip
+                # later (invariant 43). A thread's heir still attempts itself: measured, the
+                # threads' hand-off (bench B, 4 x 2) was no faster for it.
                 args += (heir.token, *heir.handoff.register_args())
         plan.args = args
         return plan

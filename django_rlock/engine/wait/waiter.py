@@ -137,6 +137,11 @@ class Waiter:
 
     # -- what a releasing thread reads (``reserve``) -----------------------------------------
     @property
+    def aio(self) -> bool:
+        """An asyncio task's wait (a release of its process may put it in line, invariant 43)."""
+        return self._loop is not None
+
+    @property
     def owner(self) -> str:
         return "" if self.handoff is None else self.handoff.owner
 
