@@ -9,9 +9,10 @@
 -- granted the lock, recorded as "=<owner>" in the waiters hash until the owner's hold ends;
 -- else its entry is dropped), ARGV[9] the releasing process's token prefix: a grant to one of
 -- its own waiters is not published (the reply tells it), ARGV[10] the token of ARGV[4] (the
--- releasing process's heir, not in line yet: put in line by this script if it grants the lock
--- to someone else, so its process need not send an attempt for it), ARGV[11] its budget ms
--- (-1: none), ARGV[12] its grant lease ms, ARGV[13] the registration slack ms.
+-- releasing process's heir, an asyncio waiter not in line yet: put in line by this script if
+-- it grants the lock to someone else, so its process need not send an attempt for it),
+-- ARGV[11] its budget ms (-1: none), ARGV[12] its grant lease ms, ARGV[13] ms its entry stays
+-- valid past the new holder's grant lease (unless its budget ends first).
 -- Reply: nil = not owner; 0 = still held (count > 0, TTL reset to the lease in force);
 -- a token (string) = granted to that registered waiter, short lease, named on KEYS[6] (or,
 -- for a token ending in DIRECT_TOKEN_MARK, on its owner's wake channel only; for one ending in
