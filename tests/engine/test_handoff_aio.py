@@ -2,7 +2,8 @@
 waiter of another process is published on that process's own channel for the lock, which no
 other process hears; a waiter whose process died is skipped in the same release; and a
 release that grants the lock to someone in line puts the releasing process's next waiter in
-line too, so that waiter sends no attempt of its own.
+line too, so that waiter sends no attempt of its own (and takes a grant that reaches it
+before that release's reply is booked).
 
 Waiters in other processes are real processes (``_handoff_proc``), killed with SIGKILL.
 """
@@ -23,6 +24,10 @@ from django_rlock.engine.naming import (
     handoff_waiters,
     process_grant_channel,
 )
+from django_rlock.engine.wait import settings
+from django_rlock.engine.wait.channel import Channel, Channels
+from django_rlock.engine.wait.handoff import HandOffs
+from django_rlock.engine.wait.waiter import HandOff, State, Waiter
 from tests.conftest import script_calls
 from tests.engine.test_handoff import in_line, procs, until
 
@@ -180,3 +185,72 @@ def test_a_release_that_grants_puts_its_processs_next_waiter_in_line(r, redis_se
 
     asyncio.run(main())
     assert not r.exists(name)
+
+
+def _reserved_heir() -> tuple[HandOffs, Channel, Waiter, list[object]]:
+    """This process's bookkeeping of one lock channel with one parked waiter, reserved as
+    the heir of a release of ours (what ``Releasing._release_plan`` does)."""
+    channels = Channels()
+    handoffs = HandOffs(channels)
+    ch = channels.by_name[b"chan"] = Channel(b"chan")
+    booked: list[object] = []
+    w = Waiter("key", HandOff("owner:1", 30_000, lambda *a: booked.append(a), token=b"owner:1#7p",
+                              grant_ms=3_000))
+    with channels.lock:
+        ch.join(w)
+        handoffs.join(ch, w)
+    assert handoffs.reserve(b"chan", "key", lambda _ch: True) is w
+    return handoffs, ch, w, booked
+
+
+def test_a_heir_put_in_line_by_our_release_parks_on_registered_first_in_our_queue():
+    handoffs, ch, w, booked = _reserved_heir()
+    assert handoffs.resolve(b"chan", w, False, None, registered=True)
+    assert w.state is State.QUEUED and w.registered and ch.queue[0] is w and ch.active == 0
+    assert booked == []
+    # Its grant, when it comes, is its own.
+    handoffs.granted(b"chan", b"owner:1#7p")
+    assert w.state is State.GRANTED and len(booked) == 1
+
+
+def test_a_heir_granted_before_our_release_was_booked_takes_that_grant():
+    """Our release put it in line, the next release (another process's) granted it at once,
+    and that grant reached us before our own reply was booked: the grant is not dropped
+    (the lock would sit for the grant lease)."""
+    handoffs, ch, w, booked = _reserved_heir()
+    assert handoffs.granted(b"chan", b"owner:1#7p") is None  # still reserved: kept
+    assert handoffs.resolve(b"chan", w, False, None, registered=True)
+    assert w.state is State.GRANTED and len(booked) == 1 and ch.active == 0
+
+
+def test_a_waiter_parked_before_any_attempt_looks_again_within_a_grant_lease(
+        r, redis_server, monkeypatch):
+    """A release of its process may put such a waiter in line with an entry valid for a grant
+    lease plus the slack (plus a grant lease): it must renew it by then, so its first park
+    (behind a waiter of ours, here under a 30 s holder) lasts at most a grant lease."""
+    monkeypatch.setattr(settings, "GRANT_LEASE", 0.3)
+    name = "xafirst"
+
+    async def main() -> None:
+        ac = aredis.Redis(unix_socket_path=redis_server.socket)
+        holder = AsyncRLock(ac, name, sync_client=r)
+        await holder.lock()  # 30 s lease
+        second = asyncio.ensure_future(AsyncRLock(ac, name, sync_client=r).try_lock(5))
+        end = time.monotonic() + 5
+        while in_line(r, name) < 1:
+            assert time.monotonic() < end
+            await asyncio.sleep(0.01)
+        third = asyncio.ensure_future(AsyncRLock(ac, name, sync_client=r).try_lock(5))
+        await asyncio.sleep(0.1)
+        assert in_line(r, name) == 1  # it parks behind the second, with no attempt
+        t0 = time.monotonic()
+        while in_line(r, name) < 2:  # its own attempt puts it in line
+            assert time.monotonic() - t0 < 2.0, "the first park outlived a grant lease"
+            await asyncio.sleep(0.01)
+        for t in (second, third):
+            t.cancel()
+        await asyncio.gather(second, third, return_exceptions=True)
+        await holder.unlock()
+        await ac.aclose()
+
+    asyncio.run(main())
