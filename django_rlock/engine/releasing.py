@@ -65,7 +65,7 @@ class Releasing:
                     and heir.handoff is not None):
                 # If the release grants the lock to someone in line, it puts the heir (an
                 # asyncio task's wait) in line too: its own attempt would have, one round trip
-                # later (invariant 43). A thread's heir still attempts itself: measured, the
+                # later (invariant 44). A thread's heir still attempts itself: measured, the
                 # threads' hand-off (bench B, 4 x 2) was no faster for it.
                 args += (heir.token, *heir.handoff.register_args())
         plan.args = args
@@ -91,7 +91,7 @@ class Releasing:
             raise LockNotOwnedError(
                 f"cannot unlock {self.name!r}: it is not held by this owner ({plan.k[2]}); it was "
                 f"never acquired, its lease expired, or it was lost or force-unlocked", self.name)
-        if isinstance(r, list):  # granted, and our heir put in line (invariant 43)
+        if isinstance(r, list):  # granted, and our heir put in line (invariant 44)
             r, plan.registered = r[0], True
         if isinstance(r, (bytes, str)):  # granted to a registered waiter
             wd.released(plan.k, plan.hold, fully=True)

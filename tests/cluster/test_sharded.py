@@ -108,7 +108,7 @@ def test_our_waiter_wakes_on_a_foreign_clients_sharded_release(cluster: ClusterT
 
 def test_an_asyncio_waiters_grant_comes_on_its_processs_shard_channel(cluster: ClusterTopology,
                                                                      rc):
-    """Invariant 43 on a cluster: the release SPUBLISHes a grant to an asyncio waiter on its
+    """Invariant 44 on a cluster: the release SPUBLISHes a grant to an asyncio waiter on its
     process's channel for the lock (in the lock's slot), which that process SSUBSCRIBEd with
     the lock's channels. The release here is another process's (sent by hand, with that
     process's id): a grant it could not deliver would free the lock instead."""

@@ -1,4 +1,4 @@
-"""The contended hand-off as asyncio waiters see it (invariant 43): a grant to an asyncio
+"""The contended hand-off as asyncio waiters see it (invariant 44): a grant to an asyncio
 waiter of another process is published on that process's own channel for the lock, which no
 other process hears; a waiter whose process died is skipped in the same release; and a
 release that grants the lock to someone in line puts the releasing process's next waiter in

@@ -51,7 +51,7 @@ class Channel:
         self.grant_want = 0
         #: This process's own grant channel for the lock (``naming.process_grant_channel``),
         #: subscribed with ``grant``: grants to our asyncio waiters come here alone
-        #: (invariant 43).
+        #: (invariant 44).
         self.direct: bytes | None = None
         self.direct_want = 0
         #: When a grant to another process's waiter should have been followed by a message

@@ -108,7 +108,7 @@ class HandOffs:
         """Settle a reservation. Returns False if the waiter left meanwhile (the caller must
         then release the lock on its behalf). ``since``: when the release was sent.
         ``registered``: the release put the waiter in line in Redis instead (it granted the
-        lock to someone else, invariant 43); the waiter stays parked at the head of our queue
+        lock to someone else, invariant 44); the waiter stays parked at the head of our queue
         and now withdraws when it gives up. If it is gone, ``orphaned(token, deadline)`` takes
         its entry out."""
         with self.channels.lock:
@@ -271,7 +271,7 @@ class HandOffs:
             ch.grant_watch = 0.0
             if w.state is State.RESERVED:
                 # Our own release's heir, which ``resolve`` settles: that release put it in
-                # line and this grant came first (invariant 43).
+                # line and this grant came first (invariant 44).
                 self._raced[w] = since
                 return None
             if w.state in (State.GRANTED, State.ACQUIRED):

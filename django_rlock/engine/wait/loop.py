@@ -105,7 +105,7 @@ def refused(client: Any, name: str, key: str, label: str | None, kind: str, owne
 
 def _first_park_end(slot: Slot, park_until: float, deadline: float | None) -> float:
     """When a park before the wait's first attempt ends. An asyncio waiter not in line yet may
-    be put there by a release of its process (invariant 43), with an entry valid for a grant
+    be put there by a release of its process (invariant 44), with an entry valid for a grant
     lease plus the slack: it parks at most a grant lease, then its attempt renews the entry
     (as every waiter's attempts do within their entry's validity, invariant 20)."""
     end = park_until if deadline is None else min(park_until, deadline)

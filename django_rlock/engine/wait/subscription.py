@@ -46,7 +46,7 @@ class Subscription:
         #: Sharded pub/sub (a Redis 7+ or Valkey cluster node: ``clients.sharded``): the scripts
         #: SPUBLISH, so channels are SSUBSCRIBEd, one slot per command (invariant 29).
         self._sharded = sharded(client)
-        #: Our process's part of a process grant channel's name (invariant 43).
+        #: Our process's part of a process grant channel's name (invariant 44).
         self._process = identity.process_id().encode()
         self._sub = "SSUBSCRIBE" if self._sharded else "SUBSCRIBE"
         self._unsub = "SUNSUBSCRIBE" if self._sharded else "UNSUBSCRIBE"

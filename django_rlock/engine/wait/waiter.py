@@ -74,7 +74,7 @@ class HandOff:
     may grant it the lock (invariants 20-22); ``registered``: its first attempt already put it
     in line. ``line``: the thread's own wake line, where grants to ``token`` arrive (invariant
     25). ``deadline`` (monotonic; None: no budget) and ``slack_ms``: what a release that puts
-    the waiter in line writes in its entry (invariant 43).
+    the waiter in line writes in its entry (invariant 44).
     """
 
     owner: str
@@ -138,7 +138,7 @@ class Waiter:
     # -- what a releasing thread reads (``reserve``) -----------------------------------------
     @property
     def aio(self) -> bool:
-        """An asyncio task's wait (a release of its process may put it in line, invariant 43)."""
+        """An asyncio task's wait (a release of its process may put it in line, invariant 44)."""
         return self._loop is not None
 
     @property
