@@ -25,7 +25,7 @@ from .errors import LockNotOwnedError
 from .kinds import Kind, declare
 from .lock import HoldKey, LockBase, RLock, log_masked_release, ttl_seconds
 from .lua import Script
-from .naming import UNLOCK_MESSAGE
+from .naming import PROCESS_TOKEN_MARK, UNLOCK_MESSAGE
 from .scripts import (
     RELEASE_SCRIPT,
     RENEW_SCRIPT,
@@ -270,10 +270,13 @@ class AsyncRLock(LockBase):
         k = (self._server, self.key, self._field())
         park_until = self._park_first_until(k, wait)
         deadline = None if wait is None else t0 + wait
-        token = self._new_token(k[2]) if self._registers(k, wait, park_until) else None
+        heard = False
+        token = None
+        if self._registers(k, wait, park_until):
+            heard = self._grants_heard()
+            token = self._wait_token(k[2], heard)
         registered = False
         if not park_until:
-            heard = token is not None and self._grants_heard()
             reg = None if token is None else (token, deadline)
             try:
                 ttl = await self._attempt(k, lease_ms, t0, reg=reg)
@@ -294,12 +297,20 @@ class AsyncRLock(LockBase):
             registered = token is not None
             if token is None and self._HANDOFF:
                 self._found_held(k)
-                token = self._new_token(k[2])
+                token = self._wait_token(k[2], self._grants_heard())
             if heard:
                 # In line now, and a grant to us will be heard: sleep until it comes (or the
                 # holder's lease ends) instead of asking again.
                 park_until = time.monotonic() + (waiting.park_timeout(ttl, deadline) or 3600.0)
         return await self._wait(k, lease_ms, wait, park_until, t0, token, registered, deadline)
+
+    def _wait_token(self, field: str, heard: bool) -> str:
+        """A wait's token. Once this process's subscription to the lock's channels is
+        confirmed, it ends in ``PROCESS_TOKEN_MARK``: a release grants it on this process's
+        own channel for the lock, which no other process hears, and skips it if nobody
+        listens there (the process died). Before that, the shared grant channel."""
+        token = self._new_token(field)
+        return token + PROCESS_TOKEN_MARK if heard else token
 
     async def _withdraw(self, k: HoldKey, token: str, deadline: float | None) -> None:
         try:
@@ -336,7 +347,8 @@ class AsyncRLock(LockBase):
             return await self._verified(k)
 
         try:
-            got = await waiting.await_(self._waiting(k, lease_ms, t0, token, registered),
+            got = await waiting.await_(self._waiting(k, lease_ms, t0, token, registered,
+                                                     deadline=deadline),
                                        attempt, wait, self.unlock, park_until,
                                        None if token is None else withdraw, verify,
                                        self._parked(k, deadline, park_until, self._sync_client))

@@ -427,7 +427,8 @@ class LockBase(releasing.Releasing, waiters.Noting, SlotBound):
         return until
 
     def _waiting(self, k: HoldKey, lease_ms: int | None, t0: float, token: str | None = None,
-                 registered: bool = False, line: Any = None) -> waiting.Wait:
+                 registered: bool = False, line: Any = None,
+                 deadline: float | None = None) -> waiting.Wait:
         """This lock's wait: its channel, and what a hand-off to the waiter needs."""
         self._fresh()  # on a cluster, an attempt redirected: subscribe where the slot is now
         told: dict[str, Any] = {"name": self.name, "label": self.label, "kind": type(self).__name__,
@@ -441,7 +442,8 @@ class LockBase(releasing.Releasing, waiters.Noting, SlotBound):
                                   grant=self._grant_channel,
                                   token=None if token is None else token.encode(),
                                   registered=registered, grant_ms=self._grant_ms(lease_ms),
-                                  line=line)
+                                  line=line, deadline=deadline,
+                                  slack_ms=REGISTRATION_SLACK_MS)
         return waiting.Wait(self._sync_client, self._channel, self.key,
                             moved=self._moved_check(), handoff=handoff, **told)
 

@@ -245,7 +245,7 @@ class RLock(LockBase):
             # This wait's grant comes through the shared subscription; the thread's next
             # ones come straight to it.
             wakeline.open_line(self._sync_client, k[2])
-        got = waiting.wait(self._waiting(k, lease_ms, t0, token, registered, line),
+        got = waiting.wait(self._waiting(k, lease_ms, t0, token, registered, line, deadline),
                            lambda claim: self._attempt(k, lease_ms, t0, claim, (token, deadline)),
                            wait, self.unlock, park_until, withdraw, lambda: self._verified(k),
                            self._parked(k, deadline, park_until, self._sync_client))

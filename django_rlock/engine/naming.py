@@ -60,6 +60,18 @@ def grant_channel(key: str) -> str:
     return _prefixed(GRANT_CHANNEL_PREFIX, key)
 
 
+def process_grant_channel(key: str, process: str) -> str:
+    """Where a release tells the process ``process`` (its uuid) that it granted the lock to one
+    of its asyncio waiters (a token ending in ``PROCESS_TOKEN_MARK``): the grant channel with
+    ``@<process>`` after it, so in the key's slot (a shard channel on a cluster) and heard by
+    that process's one subscription only."""
+    return f"{grant_channel(key)}@{process}"
+
+
+#: The last character of a token whose process listens on its own grant channel for the lock
+#: (``process_grant_channel``): an asyncio waiter's.
+PROCESS_TOKEN_MARK = "p"
+
 #: A waiting thread's own channel (``wakeline``): named by its owner, not by a lock, so one
 #: subscription serves every lock the thread ever waits for. Not a key: no slot to share.
 WAKE_CHANNEL_PREFIX = "rlock_wake"

@@ -42,7 +42,7 @@ from .clients import (
     refresh,
 )
 from .lua import Script, source
-from .naming import DIRECT_TOKEN_MARK, WAKE_CHANNEL_PREFIX
+from .naming import DIRECT_TOKEN_MARK, PROCESS_TOKEN_MARK, WAKE_CHANNEL_PREFIX
 
 #: Reply of an acquire in claim mode whose owner was granted the lock meanwhile (it holds it
 #: already: nothing is counted twice; the grant's short lease is now the full one).
@@ -51,7 +51,7 @@ CLAIMED = -3
 # The scripts: KEYS, ARGV and the reply of each are in its file's header (``lua/<name>.lua``).
 ACQUIRE = source("acquire", CLAIMED=CLAIMED)
 RELEASE = source("release", DIRECT_TOKEN_MARK=DIRECT_TOKEN_MARK,
-                 WAKE_CHANNEL_PREFIX=WAKE_CHANNEL_PREFIX)
+                 PROCESS_TOKEN_MARK=PROCESS_TOKEN_MARK, WAKE_CHANNEL_PREFIX=WAKE_CHANNEL_PREFIX)
 RENEW = source("renew")
 FORCE_UNLOCK = source("force_unlock")
 FORCE_UNLOCK_OWNER = source("force_unlock_owner")

@@ -166,13 +166,19 @@ def _later(due: float, job: Callable[[], Any]) -> None:
             t.start()
             _sender = (os.getpid(), t)
         heapq.heappush(_jobs, (due, next(_job_serials), job))
-        _jobs_cv.notify()
+        if _jobs[0][2] is job:  # (a later one needs no wake: the thread sleeps until the first)
+            _jobs_cv.notify()
+
+
+#: The waiters thread runs a job up to this long (seconds) before its due time, with the jobs
+#: due before it: one wake-up for a burst (every contended wait schedules one), not one each.
+BATCH = 0.05
 
 
 def _send() -> None:
     while True:
         with _jobs_cv:
-            while not _jobs or _jobs[0][0] > time.monotonic():
+            while not _jobs or _jobs[0][0] > time.monotonic() + BATCH:
                 _jobs_cv.wait(None if not _jobs else _jobs[0][0] - time.monotonic())
             job = heapq.heappop(_jobs)[2]
         try:

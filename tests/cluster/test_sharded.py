@@ -7,13 +7,17 @@ its. On Redis 6.2 (no sharded pub/sub) these are skipped: classic pub/sub is use
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
 import pytest
 
-from django_rlock import RLock
+from django_rlock import AsyncRLock, RLock
+from django_rlock.engine import identity
 from django_rlock.engine.clients import sharded
+from django_rlock.engine.naming import PROCESS_TOKEN_MARK, handoff_waiters, process_grant_channel
+from django_rlock.engine.scripts import RELEASE_SCRIPT
 from tests.cluster_topology import ClusterTopology
 
 
@@ -100,3 +104,52 @@ def test_our_waiter_wakes_on_a_foreign_clients_sharded_release(cluster: ClusterT
         assert got.wait(5), "our waiter slept on past the foreign release"
         assert time.monotonic() - t0 < 5  # woken, not at the 30 s lease
     t.join(5)
+
+
+def test_an_asyncio_waiters_grant_comes_on_its_processs_shard_channel(cluster: ClusterTopology,
+                                                                     rc):
+    """Invariant 44 on a cluster: the release SPUBLISHes a grant to an asyncio waiter on its
+    process's channel for the lock (in the lock's slot), which that process SSUBSCRIBEd with
+    the lock's channels. The release here is another process's (sent by hand, with that
+    process's id): a grant it could not deliver would free the lock instead."""
+    name = "sharded-process-grant"
+    master = cluster.node_for_key(name)
+
+    async def body(arc) -> None:
+        lock = AsyncRLock(arc, name)
+        with cluster.node_client(master) as c:
+            c.hset(lock.key, "other-process:7", 1)  # another process's hold
+            c.pexpire(lock.key, 30_000)
+            # A first wait that gives up: this process subscribes to the lock's channels.
+            assert not await lock.try_lock(wait_time=0.3)
+
+            async def wait_then_unlock() -> None:
+                await lock.lock()
+                await lock.unlock()
+
+            task = asyncio.ensure_future(wait_then_unlock())
+            channel = process_grant_channel(lock.key, identity.process_id())
+            for _ in range(500):
+                tokens = [t for t in c.hkeys(handoff_waiters(lock.key)) if b"#" in t
+                          and not t.startswith(b"=")]
+                if tokens:
+                    break
+                await asyncio.sleep(0.01)
+            (token,) = tokens
+            assert token.decode().endswith(PROCESS_TOKEN_MARK)
+            assert c.execute_command("PUBSUB", "SHARDNUMSUB", channel)[1] == 1
+            script = RELEASE_SCRIPT.sharded
+            reply = c.eval(script.source, len(lock._release_keys), *lock._release_keys,
+                           "other-process:7", 30_000, "0", "", 0, 0, "", "", "other-process")
+            assert reply == token  # granted to it, over SPUBLISH, heard
+            await asyncio.wait_for(task, 5)  # it took the lock (and gave it back)
+            assert not c.exists(lock.key)
+
+    async def main() -> None:
+        arc = cluster.async_client()
+        try:
+            await body(arc)
+        finally:
+            await arc.aclose()
+
+    asyncio.run(main())

@@ -193,6 +193,7 @@ def aux_names(key: str) -> dict[str, str]:
         "handoff_queue": naming.handoff_queue(key),
         "handoff_waiters": naming.handoff_waiters(key),
         "grant_channel": naming.grant_channel(key),
+        "process_grant_channel": naming.process_grant_channel(key, "6f0e-uuid"),
         # FairLock (engine/fair.py: _fair_setup, _wait_channel)
         "fair_queue": naming.prefix_name(naming.FAIR_QUEUE_PREFIX, key),
         "fair_timeout": naming.prefix_name(naming.FAIR_TIMEOUT_PREFIX, key),

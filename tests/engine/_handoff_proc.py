@@ -44,6 +44,29 @@ def wait_hold(sock: str, name: str, lease: str = "", watchdog_timeout: str = "30
             return
 
 
+def await_hold(sock: str, name: str) -> None:
+    """An asyncio task of a process that has waited for the lock before (its subscription to
+    the lock's channels stands, so its token ends in PROCESS_TOKEN_MARK): wait for the lock,
+    say so, unlock on "unlock". Says "waiting <process uuid>" as it gets in line."""
+
+    async def main() -> None:
+        client = aredis.Redis(unix_socket_path=sock)
+        lock = AsyncRLock(client, name)
+        # A first wait that gives up: the process subscribes to the lock's channels (and
+        # they linger), and notes the lock as contended.
+        assert not await lock.try_lock(wait_time=0.2)
+        print(f"waiting {identity.process_id()}", flush=True)  # (in line just after)
+        t0 = time.monotonic()
+        await lock.lock()
+        print(f"locked {time.monotonic() - t0:.3f}", flush=True)
+        line = await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+        if line.strip() == "unlock":
+            await lock.unlock()
+            print("unlocked", flush=True)
+
+    asyncio.run(main())
+
+
 def loop(sock: str, name: str, seconds: str, threads: str, tasks: str) -> None:
     """Threads and asyncio tasks contending for the lock for ``seconds``; each holds ~1 ms and
     bumps a counter with GET then SET (racy without the lock). Some async waits are cancelled
@@ -161,4 +184,4 @@ def atry_report(sock: str, name: str, wait: str) -> None:
 
 if __name__ == "__main__":
     {"wait_hold": wait_hold, "loop": loop, "try_report": try_report,
-     "atry_report": atry_report}[sys.argv[1]](*sys.argv[2:])
+     "atry_report": atry_report, "await_hold": await_hold}[sys.argv[1]](*sys.argv[2:])

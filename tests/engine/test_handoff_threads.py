@@ -22,9 +22,9 @@ def test_a_thread_handed_the_lock_runs_before_the_releasing_thread_goes_on(r, mo
     ways = {"reserved": 0, "by token": 0}
     resolve, take_grant = HandOffs.resolve, HandOffs.take_grant
 
-    def spy_resolve(self, channel, w, granted, since=None):
+    def spy_resolve(self, channel, w, granted, *rest):
         ways["reserved"] += bool(granted)
-        return resolve(self, channel, w, granted, since)
+        return resolve(self, channel, w, granted, *rest)
 
     def spy_take_grant(self, ch, w, grant_ms, since=None, by_release=False):
         ways["by token"] += by_release

@@ -30,7 +30,8 @@ if redis.call('exists', KEYS[1]) == 0 then
   end
   return nil
 end
-if redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
+-- (a claim found no field of ours above: no second look)
+if ARGV[4] ~= 'claim' and redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
   if ARGV[4] == 'fresh' then
     redis.call('hset', KEYS[1], ARGV[2], 1)
   else
@@ -51,18 +52,24 @@ if ARGV[5] then
   -- waiting since: the server's TIME of the wait's first registration, kept by the next ones
   local old = redis.call('hget', KEYS[4], ARGV[5])
   local body = nil
+  local n = 0
   if old then
     local a = string.find(old, ' ', 1, true)
     local b = a and string.find(old, ' ', a + 1, true)
     if b and tonumber(string.sub(old, 1, a - 1)) > now then body = string.sub(old, b + 1) end
   else
-    redis.call('rpush', KEYS[3], ARGV[5])
+    n = redis.call('rpush', KEYS[3], ARGV[5])
   end
   local entry = (now + valid) .. ' ' .. ARGV[8] .. ' ' .. (body or stamped(ARGV[3], now))
   redis.call('hset', KEYS[4], ARGV[5], entry)
-  if redis.call('pttl', KEYS[4]) < valid then
-    redis.call('pexpire', KEYS[4], valid)
-    redis.call('pexpire', KEYS[3], valid)
+  -- The line lives as long as its longest entry: raised (with room, so most registrations
+  -- only read it), never shortened; a list just made again gets the hash's.
+  local left = redis.call('pttl', KEYS[4])
+  if left < valid then
+    redis.call('pexpire', KEYS[4], 2 * valid)
+    redis.call('pexpire', KEYS[3], 2 * valid)
+  elseif n == 1 then
+    redis.call('pexpire', KEYS[3], left)
   end
 end
 return ttl

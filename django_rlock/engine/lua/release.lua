@@ -8,11 +8,17 @@
 -- ARGV[8] a token to withdraw (a waiter giving up: its own release if that very token was
 -- granted the lock, recorded as "=<owner>" in the waiters hash until the owner's hold ends;
 -- else its entry is dropped), ARGV[9] the releasing process's token prefix: a grant to one of
--- its own waiters is not published (the reply tells it).
+-- its own waiters is not published (the reply tells it), ARGV[10] the token of ARGV[4] (the
+-- releasing process's heir, an asyncio waiter not in line yet: put in line by this script if
+-- it grants the lock to someone else, so its process need not send an attempt for it),
+-- ARGV[11] its budget ms (-1: none), ARGV[12] its grant lease ms, ARGV[13] ms its entry stays
+-- valid past the new holder's grant lease (unless its budget ends first).
 -- Reply: nil = not owner; 0 = still held (count > 0, TTL reset to the lease in force);
 -- a token (string) = granted to that registered waiter, short lease, named on KEYS[6] (or,
--- for a token ending in DIRECT_TOKEN_MARK, on its owner's wake channel only, and only if
--- someone listens there: else that waiter is skipped as dead);
+-- for a token ending in DIRECT_TOKEN_MARK, on its owner's wake channel only; for one ending in
+-- PROCESS_TOKEN_MARK, on its process's channel KEYS[6]@<process> only; either only if someone
+-- listens there: else that waiter is skipped as dead); {token, 1}: the same, and ARGV[10] was
+-- put in line (its entry written as acquire.lua's registration would);
 -- -1 = handed to ARGV[4] (only when no other process waits: it never sees the lock free);
 -- n >= 1 = released, and n - 1 subscribers got the message (1 when every subscriber is a
 -- django-rlock process with nobody in line: none of them is owed the first go).
@@ -40,10 +46,10 @@ local function outsiders()
   return subs[2] > subs[4]
 end
 local queued = KEYS[6] and redis.call('exists', KEYS[5]) == 1
-if queued then
-  redis.call('hdel', KEYS[5], '=' .. ARGV[1])
-end
-if queued and redis.call('llen', KEYS[4]) > 0 then
+-- Our own grant record goes (with the first entry read, in the same HDEL, or at the end).
+local mine = queued and '=' .. ARGV[1]
+local token = queued and redis.call('lpop', KEYS[4])
+if token then
   foreign = outsiders()
   local grant = not foreign
   if foreign then
@@ -51,39 +57,77 @@ if queued and redis.call('llen', KEYS[4]) > 0 then
     -- ours (freed with "0"), the line the others, so neither side can starve the other.
     grant = redis.call('hget', KEYS[5], '!turn') == 'line'
     redis.call('hset', KEYS[5], '!turn', grant and 'free' or 'line')
+    if not grant then
+      redis.call('lpush', KEYS[4], token)
+    end
   end
   if grant then
     -- #include now_ms
-    while true do
-      local token = redis.call('lpop', KEYS[4])
-      if not token then
-        break
-      end
+    local own = ARGV[9] or ''
+    while token do
       local entry = redis.call('hget', KEYS[5], token)
       if entry then
-        redis.call('hdel', KEYS[5], token)
+        if mine then
+          redis.call('hdel', KEYS[5], token, mine)
+          mine = nil
+        else
+          redis.call('hdel', KEYS[5], token)
+        end
         local deadline, grant, info = string.match(entry, '^(%d+) (%d+) (.*)$')
         local heir = string.match(token, '^(.*)#')
-        local own = ARGV[9] or ''
         local ours = own ~= '' and string.sub(token, 1, #own) == own
-        local direct = not ours and string.sub(token, -1) == '{{DIRECT_TOKEN_MARK}}'
-        -- A waiter with a line of its own hears its grant there, and nobody else does; no
-        -- receiver means its process is gone (its subscription went with it): skip it.
-        if tonumber(deadline) > now and (not direct or
-            redis.call('publish', '{{WAKE_CHANNEL_PREFIX}}:' .. heir, token) > 0) then
+        local mark = not ours and string.sub(token, -1)
+        -- A waiter with a line of its own (or whose process listens on a channel of its own
+        -- for this lock) hears its grant there, and nobody else does; no receiver means its
+        -- process is gone (its subscription went with it): skip it.
+        local alone = mark == '{{DIRECT_TOKEN_MARK}}' or mark == '{{PROCESS_TOKEN_MARK}}'
+        local live = tonumber(deadline) > now
+        if live and mark == '{{DIRECT_TOKEN_MARK}}' then
+          live = redis.call('publish', '{{WAKE_CHANNEL_PREFIX}}:' .. heir, token) > 0
+        elseif live and mark == '{{PROCESS_TOKEN_MARK}}' then
+          -- (in the lock's slot: a shard channel where the lock channels are)
+          live = redis.call('publish', KEYS[6] .. '@' .. string.match(heir, '^[^:]*'), token) > 0
+        end
+        if live then
           redis.call('del', KEYS[1])
           redis.call('hset', KEYS[1], heir, 1)
-          redis.call('hset', KEYS[5], '=' .. heir, token)
           redis.call('pexpire', KEYS[1], grant)
           redis.call('hset', KEYS[3], KEYS[1], stamped(info, now))
-          if not ours and not direct then
+          if not ours and not alone then
             redis.call('publish', KEYS[6], token)
           end
-          return token
+          local next = ARGV[10]
+          if not next or next == '' then
+            redis.call('hset', KEYS[5], '=' .. heir, token)
+            return token
+          end
+          -- The releasing process's heir gets in line behind everyone here, as its own
+          -- failed attempt would have put it (acquire.lua): its entry is valid for the new
+          -- holder's lease plus the slack, or its budget.
+          local valid = tonumber(grant) + tonumber(ARGV[13])
+          local budget = tonumber(ARGV[11])
+          if budget >= 0 and budget < valid then valid = budget end
+          redis.call('hset', KEYS[5], '=' .. heir, token, next,
+                     (now + valid) .. ' ' .. ARGV[12] .. ' ' .. stamped(ARGV[7], now))
+          local n = redis.call('rpush', KEYS[4], next)
+          -- The line lives as long as its longest entry: raised (with room, so most calls
+          -- only read it), never shortened; a list just made again gets the hash's.
+          local ttl = redis.call('pttl', KEYS[5])
+          if ttl < valid then
+            redis.call('pexpire', KEYS[5], 2 * valid)
+            redis.call('pexpire', KEYS[4], 2 * valid)
+          elseif n == 1 then
+            redis.call('pexpire', KEYS[4], ttl)
+          end
+          return {token, 1}
         end
       end
+      token = redis.call('lpop', KEYS[4])
     end
   end
+end
+if mine then
+  redis.call('hdel', KEYS[5], mine)
 end
 if ARGV[4] and ARGV[4] ~= '' and redis.call('pubsub', 'numsub', KEYS[2])[2] <= tonumber(ARGV[6])
 then

@@ -41,7 +41,7 @@ class Channel:
 
     __slots__ = ("name", "queue", "active", "pending", "refs", "want", "confirmed",
                  "idle_since", "expires_hint", "echoes", "confirm_futures", "wakes",
-                 "messages", "grant", "grant_want", "grant_watch")
+                 "messages", "grant", "grant_want", "grant_watch", "direct", "direct_want")
 
     def __init__(self, name: bytes, wakes: WakePolicy | None = None) -> None:
         self.name = name
@@ -49,6 +49,11 @@ class Channel:
         #: lock by another process joins (``naming.grant_channel``), and its confirmation.
         self.grant: bytes | None = None
         self.grant_want = 0
+        #: This process's own grant channel for the lock (``naming.process_grant_channel``),
+        #: subscribed with ``grant``: grants to our asyncio waiters come here alone
+        #: (invariant 44).
+        self.direct: bytes | None = None
+        self.direct_want = 0
         #: When a grant to another process's waiter should have been followed by a message
         #: (its release) if that waiter is alive: past it, one waiter here re-checks
         #: (invariant 23).

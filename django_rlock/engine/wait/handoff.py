@@ -44,6 +44,10 @@ class HandOffs:
         #: Heirs granted by a releasing thread of ours that have not run yet: the lock that
         #: thread blocks on until they do (``hand_over``, ``took_over``).
         self._acks: dict[Waiter, threading.Lock] = {}
+        #: Reserved heirs granted by token before their reservation was resolved (our release
+        #: put them in line and another process's release granted them at once, invariant
+        #: 43): ``resolve`` books the grant.
+        self._raced: dict[Waiter, float | None] = {}
 
     # -- our own releases (invariant 5) ---------------------------------------------------
     def reserve(self, channel: bytes, key: str,
@@ -99,12 +103,37 @@ class HandOffs:
             w.wake()
 
     def resolve(self, channel: bytes, w: Waiter, granted: bool,
-                since: float | None = None) -> bool:
+                since: float | None = None, registered: bool = False,
+                orphaned: Callable[[bytes, float | None], Any] | None = None) -> bool:
         """Settle a reservation. Returns False if the waiter left meanwhile (the caller must
-        then release the lock on its behalf). ``since``: when the release was sent."""
+        then release the lock on its behalf). ``since``: when the release was sent.
+        ``registered``: the release put the waiter in line in Redis instead (it granted the
+        lock to someone else, invariant 44); the waiter stays parked at the head of our queue
+        and now withdraws when it gives up. If it is gone, ``orphaned(token, deadline)`` takes
+        its entry out."""
         with self.channels.lock:
             ch = self.channels.get(channel)
             self._reserved.pop(w, None)
+            raced = w in self._raced
+            raced_since = self._raced.pop(w, None)
+            if registered and raced and w.state is State.RESERVED and w not in self._detached \
+                    and ch is not None:
+                # Put in line by this release and granted by the next one before this reply
+                # was booked: it holds the lock.
+                ch.active -= 1
+                ch.pending = False
+                return self.take_grant(ch, w, w.handoff.grant_ms if w.handoff else None,
+                                       raced_since)
+            if registered and raced and w.state is State.ABANDONED:
+                if ch is not None:
+                    ch.active -= 1
+                return False  # granted to a waiter that is gone: release on its behalf
+            if registered:
+                if w.state in (State.ABANDONED, State.LEFT):
+                    if orphaned is not None and w.token is not None and w.handoff is not None:
+                        orphaned(w.token, w.handoff.deadline)
+                else:
+                    w.registered = True
             if w in self._detached:
                 # It stopped waiting for us: never grant behind its back, never release on its
                 # behalf (it may have acquired again as the same owner, invariants 7, 12). If it
@@ -130,6 +159,15 @@ class HandOffs:
                     ch.pending = False
                 if not self._give(w, None, since, True):
                     return False  # its event loop is gone: release on its behalf
+            elif registered and ch is not None:
+                # In line in Redis now, as its own attempt would have put it: it sleeps on
+                # until its grant (or its park's bound), first in our queue as it was.
+                ch.active -= 1
+                w.move(State.QUEUED)
+                ch.queue.appendleft(w)
+                if ch.pending:  # a wake came meanwhile: it was this waiter's to use
+                    ch.pending = False
+                    ch.wake_one()
             elif not w.signal() and ch is not None:
                 # Released the ordinary way (or not at all): this waiter was to retry first;
                 # it is gone, so the wake passes on.
@@ -231,8 +269,13 @@ class HandOffs:
                         self.next_watch = ch.grant_watch
                 return None
             ch.grant_watch = 0.0
-            if w.state in (State.GRANTED, State.RESERVED, State.ACQUIRED):
-                return None  # taken already; or our own release's heir, which ``resolve`` settles
+            if w.state is State.RESERVED:
+                # Our own release's heir, which ``resolve`` settles: that release put it in
+                # line and this grant came first (invariant 44).
+                self._raced[w] = since
+                return None
+            if w.state in (State.GRANTED, State.ACQUIRED):
+                return None  # taken already
             if self.take_grant(ch, w, w.handoff.grant_ms if w.handoff else None, since,
                                by_release):
                 return w

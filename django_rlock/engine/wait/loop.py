@@ -103,6 +103,17 @@ def refused(client: Any, name: str, key: str, label: str | None, kind: str, owne
                     wait=time.monotonic() - since, client=client)
 
 
+def _first_park_end(slot: Slot, park_until: float, deadline: float | None) -> float:
+    """When a park before the wait's first attempt ends. An asyncio waiter not in line yet may
+    be put there by a release of its process (invariant 44), with an entry valid for a grant
+    lease plus the slack: it parks at most a grant lease, then its attempt renews the entry
+    (as every waiter's attempts do within their entry's validity, invariant 20)."""
+    end = park_until if deadline is None else min(park_until, deadline)
+    if slot.waiter.aio and slot.waiter.token is not None and not slot.registered:
+        end = min(end, time.monotonic() + settings.GRANT_LEASE)
+    return end
+
+
 def _over(deadline: float | None) -> bool:
     return deadline is not None and time.monotonic() >= deadline
 
@@ -134,7 +145,7 @@ def wait(w: Wait, attempt: Callable[[bool], int | None], budget: float | None,
             # bounded; we only lose the early wake-up.
             slot.confirmed.wait(sub_timeout)
         if park_until:
-            end = park_until if deadline is None else min(park_until, deadline)
+            end = _first_park_end(slot, park_until, deadline)
             if parked is not None:
                 parked.start(end)  # its record, if the park lasts (invariant 41)
             acquired = slot.park(end - time.monotonic())
@@ -211,7 +222,7 @@ async def await_(w: Wait, attempt: Callable[[bool], Awaitable[int | None]],
             except TimeoutError:
                 pass
         if park_until:
-            end = park_until if deadline is None else min(park_until, deadline)
+            end = _first_park_end(slot, park_until, deadline)
             if parked is not None:
                 parked.start(end)
             acquired = await slot.apark(end - time.monotonic())

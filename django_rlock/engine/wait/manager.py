@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from .. import process
@@ -132,9 +133,11 @@ class PubSubManager:
         return self.handoffs.reserve(channel, key, self.subscription.heard)
 
     def resolve(self, channel: bytes, w: Waiter, granted: bool,
-                since: float | None = None) -> bool:
-        """Settle a reservation; False: the heir left meanwhile, release for it."""
-        return self.handoffs.resolve(channel, w, granted, since)
+                since: float | None = None, registered: bool = False,
+                orphaned: Callable[[bytes, float | None], Any] | None = None) -> bool:
+        """Settle a reservation; False: the heir left meanwhile, release for it.
+        ``registered``: the release put the heir in line instead (``HandOffs.resolve``)."""
+        return self.handoffs.resolve(channel, w, granted, since, registered, orphaned)
 
     def hand_over(self, heir: Waiter) -> None:
         """A sync release handed the lock to ``heir``: let it run first (bounded)."""

@@ -46,6 +46,8 @@ class Subscription:
         #: Sharded pub/sub (a Redis 7+ or Valkey cluster node: ``clients.sharded``): the scripts
         #: SPUBLISH, so channels are SSUBSCRIBEd, one slot per command (invariant 29).
         self._sharded = sharded(client)
+        #: Our process's part of a process grant channel's name (invariant 44).
+        self._process = identity.process_id().encode()
         self._sub = "SSUBSCRIBE" if self._sharded else "SUBSCRIBE"
         self._unsub = "SUNSUBSCRIBE" if self._sharded else "UNSUBSCRIBE"
         self._conn: Any = None
@@ -68,7 +70,9 @@ class Subscription:
         granted the lock by any process): subscribe what is not yet, start the listener."""
         if grant is not None and ch.grant is None:
             ch.grant = grant
+            ch.direct = grant + b"@" + self._process
             self._channels.by_grant[grant] = ch
+            self._channels.by_grant[ch.direct] = ch
             if ch.want:
                 self._subscribe_grant(ch)
         if ch.want == 0 or not self.connected:
@@ -85,7 +89,7 @@ class Subscription:
         # One SUBSCRIBE for the channel and its grant channel: a release script's NUMSUB
         # then never sees one of ours on the first but not yet on the second (a "foreign"
         # waiter, which makes it free the lock instead of granting it, invariant 21).
-        names = (ch.name,) if ch.grant is None else (ch.name, ch.grant)
+        names = (ch.name,) if ch.grant is None else (ch.name, ch.grant, ch.direct)
         try:
             self._conn.send_command(self._sub, *names, check_health=False)  # one slot
         except Exception:
@@ -94,8 +98,13 @@ class Subscription:
         n = self._sent[ch.name] = self._sent.get(ch.name, 0) + 1
         ch.want = n
         if ch.grant is not None:
-            ch.grant_want = self._sent[ch.grant] = self._sent.get(ch.grant, 0) + 1
+            self._sent_grant(ch)
         self._last_io = time.monotonic()
+
+    def _sent_grant(self, ch: Channel) -> None:
+        assert ch.grant is not None and ch.direct is not None
+        ch.grant_want = self._sent[ch.grant] = self._sent.get(ch.grant, 0) + 1
+        ch.direct_want = self._sent[ch.direct] = self._sent.get(ch.direct, 0) + 1
 
     def _subscribe_grant(self, ch: Channel) -> None:
         """The channel is subscribed already (a waiter of a kind without hand-off came first):
@@ -104,11 +113,11 @@ class Subscription:
         if not self.connected:
             return
         try:
-            self._conn.send_command(self._sub, ch.grant, check_health=False)
+            self._conn.send_command(self._sub, ch.grant, ch.direct, check_health=False)
         except Exception:
             self._lost()
             return
-        ch.grant_want = self._sent[ch.grant] = self._sent.get(ch.grant, 0) + 1
+        self._sent_grant(ch)
         ch.confirmed.clear()
         self._last_io = time.monotonic()
 
@@ -154,9 +163,9 @@ class Subscription:
                 ch.want = 1
                 ch.echoes = 0
                 names.append(ch.name)
-                if ch.grant is not None:
-                    ch.grant_want = 1
-                    names.append(ch.grant)
+                if ch.grant is not None and ch.direct is not None:
+                    ch.grant_want = ch.direct_want = 1
+                    names += (ch.grant, ch.direct)
             if names:
                 self._send(self._sub, names)
                 for name in names:
@@ -234,7 +243,9 @@ class Subscription:
                 self._acked[name] = self._acked.get(name, 0) + 1
                 ch = channels.by_name.get(name) or channels.by_grant.get(name)
                 if ch is not None and self._acked.get(ch.name, 0) >= ch.want and (
-                        ch.grant is None or self._acked.get(ch.grant, 0) >= ch.grant_want):
+                        ch.grant is None or ch.direct is None
+                        or (self._acked.get(ch.grant, 0) >= ch.grant_want
+                            and self._acked.get(ch.direct, 0) >= ch.direct_want)):
                     ch.set_confirmed()
             elif (kind == b"unsubscribe" and name not in channels.by_name
                   and name not in channels.by_grant
@@ -280,9 +291,10 @@ class Subscription:
             for ch in idle:
                 del by_name[ch.name]
                 names.append(ch.name)
-                if ch.grant is not None:
+                if ch.grant is not None and ch.direct is not None:
                     self._channels.by_grant.pop(ch.grant, None)
-                    names.append(ch.grant)
+                    self._channels.by_grant.pop(ch.direct, None)
+                    names += (ch.grant, ch.direct)
             try:
                 if idle:
                     self._send(self._unsub, names)

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import math
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from . import settings
 
 
 class State(enum.Enum):
@@ -69,7 +73,8 @@ class HandOff:
     hold. ``grant`` (the lock's grant channel), ``token``, ``grant_ms``: any process's release
     may grant it the lock (invariants 20-22); ``registered``: its first attempt already put it
     in line. ``line``: the thread's own wake line, where grants to ``token`` arrive (invariant
-    25).
+    25). ``deadline`` (monotonic; None: no budget) and ``slack_ms``: what a release that puts
+    the waiter in line writes in its entry (invariant 44).
     """
 
     owner: str
@@ -81,13 +86,24 @@ class HandOff:
     registered: bool = False
     grant_ms: int = 0
     line: Any = None
+    deadline: float | None = None
+    slack_ms: int = 0
+
+    def register_args(self) -> tuple[int, int, int]:
+        """ARGV[11:14] of a release that may put this waiter in line: budget ms (-1: none),
+        grant lease ms, and the slack past the new holder's grant lease: the registration
+        slack plus a grant lease, the longest the waiter then parks before it attempts and
+        renews the entry itself (``loop``)."""
+        budget = -1 if self.deadline is None else max(
+            0, math.ceil((self.deadline - time.monotonic()) * 1000))
+        return budget, self.grant_ms, self.slack_ms + math.ceil(settings.GRANT_LEASE * 1000)
 
 
 class Waiter:
     """One waiting thread, or one waiting asyncio task (``loop`` given)."""
 
     __slots__ = ("state", "key", "handoff", "token", "line", "registered", "seen", "pending",
-                 "deliver", "_park", "_loop", "_event")
+                 "deliver", "_park", "_loop", "_event", "_tid")
 
     def __init__(self, key: str = "", handoff: HandOff | None = None,
                  loop: asyncio.AbstractEventLoop | None = None) -> None:
@@ -107,6 +123,7 @@ class Waiter:
         self._loop = loop
         if loop is not None:
             self._event = asyncio.Event()
+            self._tid = threading.get_ident()  # its loop's thread (it joins from there)
         elif self.line is None:
             self._park = threading.Lock()
             self._park.acquire()
@@ -119,6 +136,11 @@ class Waiter:
         self.state = to
 
     # -- what a releasing thread reads (``reserve``) -----------------------------------------
+    @property
+    def aio(self) -> bool:
+        """An asyncio task's wait (a release of its process may put it in line, invariant 44)."""
+        return self._loop is not None
+
     @property
     def owner(self) -> str:
         return "" if self.handoff is None else self.handoff.owner
@@ -159,6 +181,11 @@ class Waiter:
         """Wake it (under the lock); False if it is gone (its event loop closed under it),
         and then it is ``ABANDONED``."""
         if self._loop is not None:
+            if threading.get_ident() == self._tid and not self._loop.is_closed():
+                # A task of its own loop woke it (its release granted or handed it the lock):
+                # no self-pipe write, no extra turn of the loop.
+                self._event.set()
+                return True
             try:
                 self._loop.call_soon_threadsafe(self._event.set)
             except RuntimeError:  # its loop is closed: the waiter is gone
