@@ -68,14 +68,14 @@ class WResult:
     commands: dict[str, float]  # per period, every command the server ran (INFO commandstats)
 
 
-def _server_sample(c: redis.Redis) -> tuple[int, float, float]:
+def server_sample(c: redis.Redis) -> tuple[int, float, float]:
     ev = c.info("commandstats").get("cmdstat_evalsha", {})
     cpu = c.info("cpu")
     return (int(ev.get("calls", 0)), float(ev.get("usec", 0)) / 1e3,
             (float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])) * 1e3)
 
 
-def _commands(c: redis.Redis) -> dict[str, int]:
+def commands(c: redis.Redis) -> dict[str, int]:
     """Calls per command since the server started (in-script calls included)."""
     return {k.removeprefix("cmdstat_"): int(v.get("calls", 0))
             for k, v in c.info("commandstats").items()}
@@ -91,7 +91,7 @@ def _thread_cpu(t: threading.Thread | None) -> float:
         return float("nan")
 
 
-def _import_from(code: str) -> None:
+def import_from(code: str) -> None:
     """Make ``django_rlock`` import from ``code``: first on the path, and the copy this
     process already imported (``bench.server`` imports ``django_rlock.testing``) forgotten."""
     sys.path.insert(0, code)
@@ -103,7 +103,7 @@ def _child(socket_path: str, n: int, watchdog_timeout: float, settle: float, obs
            out: Any, code: str | None = None) -> None:
     try:
         if code is not None:
-            _import_from(code)
+            import_from(code)
         import django_rlock
         from django_rlock import RLock
         from django_rlock.engine.watchdog import watchdog
@@ -127,13 +127,13 @@ def _child(socket_path: str, n: int, watchdog_timeout: float, settle: float, obs
         wd_threads = [t for t in threading.enumerate() if t.name == WATCHDOG_THREAD]
         wdt = wd_threads[0] if wd_threads else None
         rt0, rn0 = wd.round_trips, wd.renewed
-        cmd0 = _commands(stats)
-        ev0, us0, rc0 = _server_sample(stats)
+        cmd0 = commands(stats)
+        ev0, us0, rc0 = server_sample(stats)
         cpu0, tc0, w0 = time.process_time(), _thread_cpu(wdt), time.monotonic()
         time.sleep(observe * period)
         cpu1, tc1, w1 = time.process_time(), _thread_cpu(wdt), time.monotonic()
-        ev1, us1, rc1 = _server_sample(stats)
-        cmd1 = _commands(stats)
+        ev1, us1, rc1 = server_sample(stats)
+        cmd1 = commands(stats)
         rt1, rn1 = wd.round_trips, wd.renewed
         periods = (w1 - w0) / period
         n_wd = sum(1 for t in threading.enumerate() if t.name == WATCHDOG_THREAD)
@@ -171,7 +171,7 @@ def run(server: RedisServer, n: int = 10_000, watchdog_timeout: float = 3.0, set
         observe: float = 8.0, code: str | None = None) -> WResult:
     """``settle`` and ``observe`` are in watchdog periods (``watchdog_timeout / 3``); ``code``:
     a directory to import ``django_rlock`` from instead of this tree."""
-    return _spawn(_child, (server.socket_path, n, watchdog_timeout, settle, observe),
+    return spawn(_child, (server.socket_path, n, watchdog_timeout, settle, observe),
                   120 + n / 500 + (settle + observe) * watchdog_timeout / 3.0, code)
 
 
@@ -215,10 +215,10 @@ def _floor_child(socket_path: str, n: int, watchdog_timeout: float, settle: floa
                 time.sleep(max(0.0, at[0] - time.monotonic()))
 
         sweeps(settle)
-        _, _, rc0 = _server_sample(stats)
+        _, _, rc0 = server_sample(stats)
         w0 = time.monotonic()
         sweeps(observe)
-        _, _, rc1 = _server_sample(stats)
+        _, _, rc1 = server_sample(stats)
         periods = (time.monotonic() - w0) / period
         client.flushall()  # its lease holds: nothing renews them, nothing to release in order
         out.put(("ok", (rc1 - rc0) / periods))
@@ -229,11 +229,11 @@ def _floor_child(socket_path: str, n: int, watchdog_timeout: float, settle: floa
 def floor(server: RedisServer, n: int = 10_000, watchdog_timeout: float = 3.0,
           settle: float = 2.0, observe: float = 8.0, gap: float = 0.0) -> float:
     """Server CPU ms per period of the floor (``_floor_child``)."""
-    return _spawn(_floor_child, (server.socket_path, n, watchdog_timeout, settle, observe, gap),
+    return spawn(_floor_child, (server.socket_path, n, watchdog_timeout, settle, observe, gap),
                   120 + (settle + observe) * watchdog_timeout / 3.0, None)
 
 
-def _spawn(target: Any, args: tuple[Any, ...], budget: float, code: str | None) -> Any:
+def spawn(target: Any, args: tuple[Any, ...], budget: float, code: str | None) -> Any:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     p = ctx.Process(target=target, args=(*args, out, code), daemon=True)
@@ -305,7 +305,7 @@ def script_costs(server: RedisServer, n: int, rounds: int, pace: float = 0.0,
     out: dict[str, list[float]] = {v: [] for v in variants}
     for _ in range(rounds):
         for v, fill in variants.items():
-            before = _server_sample(client)[2]
+            before = server_sample(client)[2]
             for i in range(0, n, 1000):
                 pipe = client.pipeline(transaction=False)
                 fill(keys[i:i + 1000], pipe)
@@ -313,12 +313,12 @@ def script_costs(server: RedisServer, n: int, rounds: int, pace: float = 0.0,
                 if pace:
                     time.sleep(pace)  # the watchdog's pace: client work between pipelines
                 assert all(r == 1 or r == [] or r == [1] * len(r) for r in replies)
-            out[v].append((_server_sample(client)[2] - before) * 1e3 / n)
+            out[v].append((server_sample(client)[2] - before) * 1e3 / n)
     client.flushall()
     return out
 
 
-def _baseline_source(code: str) -> str:
+def baseline_source(code: str) -> str:
     """``renew_many.lua`` as the revision extracted to ``code`` sends it."""
     import subprocess
 
@@ -351,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.scripts:
         with RedisServer() as server:
             res = script_costs(server, args.locks, args.rounds, args.pace,
-                               _baseline_source(code) if code else None)
+                               baseline_source(code) if code else None)
         floor_each = res["floor (PEXPIRE pipeline)"]
         print(f"{args.locks:,} lock hashes renewed, {args.rounds} interleaved sweeps each "
               f"(medians), unix socket\n")
