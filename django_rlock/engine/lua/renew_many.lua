@@ -4,10 +4,10 @@
 -- field: a renewal never extends another owner's lock.
 -- The new expiry is set as an absolute time (PEXPIREAT), the server's TIME once per script
 -- plus the lease, formatted once per run: PEXPIRE reads the clock and makes a new argument
--- object per key (the one it propagates), 11-16% of this script's server CPU per key sent
--- back to back, 4-9% in the watchdog as it runs (docs/benchmarks.md). A lease so set ends
--- at most this script's run time (well under a millisecond) before the same PEXPIRE's
--- would, and never before the client's send time plus the lease.
+-- object per key (the one it propagates): 11-16% of this script's server CPU per key
+-- (docs/benchmarks.md). A lease so set ends at most this script's run time (well under a
+-- millisecond) before the same PEXPIRE's would, and never before the client's send time
+-- plus the lease.
 -- KEYS = lock hashes, grouped: the first n1 keys are owner1's with lease1, the next n2 owner2's...
 -- ARGV = owner1, lease1 ms, n1, owner2, lease2 ms, n2, ...
 -- Reply: the 1-based positions in KEYS of the keys not renewed (gone, or no longer the
