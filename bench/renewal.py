@@ -14,16 +14,20 @@ the floor being one pipeline of ``PEXPIRE`` per key per period, sent as the watc
 server's keys, index and memory layout are the same: keys made back to back, with no index
 entries between them, are cheaper to reach per key); with
 ``--baseline REF`` the watchdog as it is at git revision REF runs too (its ``django_rlock``
-extracted and imported by its process). The variants take turns, rotated each round, on one
-server. (Run at once, each on a server of its own, two 100,000-lock watchdogs and their
-acquires overload two shared cores: renewals go out late and locks are lost.)
+extracted and imported by its process; the ``django_rlock`` its process had already
+imported is forgotten first, and where it came from is checked). The variants take turns,
+rotated each round, on one server; ``--floor-gap S`` adds a floor that sleeps S seconds after
+each pipeline. The table is followed by every command the server ran per period. (Run at
+once, each on a server of its own, two 100,000-lock watchdogs and their acquires overload two
+shared cores: renewals go out late and locks are lost.)
 
 ``--scripts`` measures the renew scripts alone, without the watchdog around them: the same
 locks (taken in lease mode: nothing else renews them) renewed over and over in one process,
 the variants interleaved sweep by sweep (so a load change on a shared machine hits them
-alike): the ``PEXPIRE`` pipeline, the per-key layout (``renew.lua``, what the watchdog sent
-before #22) and ``renew_many.lua``, each in pipelines of 1,000 keys, ``RENEW_BATCH`` keys a
-script.
+alike): the ``PEXPIRE`` pipeline, a ``PEXPIREAT`` pipeline, the per-key layout
+(``renew.lua``, what the watchdog sent before #22), ``--baseline REF``'s ``renew_many.lua``
+and this tree's, each in pipelines of 1,000 keys, ``RENEW_BATCH`` keys a script.
+``bench/renewal_inline.py`` compares them inside the running watchdog instead.
 """
 
 from __future__ import annotations
@@ -172,7 +176,7 @@ def run(server: RedisServer, n: int = 10_000, watchdog_timeout: float = 3.0, set
     """``settle`` and ``observe`` are in watchdog periods (``watchdog_timeout / 3``); ``code``:
     a directory to import ``django_rlock`` from instead of this tree."""
     return spawn(_child, (server.socket_path, n, watchdog_timeout, settle, observe),
-                  120 + n / 500 + (settle + observe) * watchdog_timeout / 3.0, code)
+                 120 + n / 500 + (settle + observe) * watchdog_timeout / 3.0, code)
 
 
 def _floor_child(socket_path: str, n: int, watchdog_timeout: float, settle: float,
@@ -180,9 +184,9 @@ def _floor_child(socket_path: str, n: int, watchdog_timeout: float, settle: floa
     """The floor: ``n`` RLocks taken as the watchdog variant takes them (lease mode here, so
     this process's watchdog leaves them alone: same keys, same index entries, the same memory
     layout on the server), kept by one ``PEXPIRE`` per key per period in pipelines of 1,000,
-    sent back to back (``gap`` 0) or ``gap`` seconds apart (the watchdog's pace: its client
-    work between two pipelines leaves the server idle, its caches cooling, for ~2 ms of every
-    ~4-7). Reports server CPU ms per period."""
+    sent back to back (``gap`` 0) or ``gap`` seconds apart (nearer the watchdog's pace: its
+    client work leaves the server ~1.5 ms idle between two of its pipelines). Reports server
+    CPU ms per period."""
     try:
         from django_rlock import RLock
 
@@ -230,7 +234,7 @@ def floor(server: RedisServer, n: int = 10_000, watchdog_timeout: float = 3.0,
           settle: float = 2.0, observe: float = 8.0, gap: float = 0.0) -> float:
     """Server CPU ms per period of the floor (``_floor_child``)."""
     return spawn(_floor_child, (server.socket_path, n, watchdog_timeout, settle, observe, gap),
-                  120 + (settle + observe) * watchdog_timeout / 3.0, None)
+                 120 + (settle + observe) * watchdog_timeout / 3.0, None)
 
 
 def spawn(target: Any, args: tuple[Any, ...], budget: float, code: str | None) -> Any:
