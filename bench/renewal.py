@@ -14,16 +14,20 @@ the floor being one pipeline of ``PEXPIRE`` per key per period, sent as the watc
 server's keys, index and memory layout are the same: keys made back to back, with no index
 entries between them, are cheaper to reach per key); with
 ``--baseline REF`` the watchdog as it is at git revision REF runs too (its ``django_rlock``
-extracted and imported by its process). The variants take turns, rotated each round, on one
-server. (Run at once, each on a server of its own, two 100,000-lock watchdogs and their
-acquires overload two shared cores: renewals go out late and locks are lost.)
+extracted and imported by its process; the ``django_rlock`` its process had already
+imported is forgotten first, and where it came from is checked). The variants take turns,
+rotated each round, on one server; ``--floor-gap S`` adds a floor that sleeps S seconds after
+each pipeline. The table is followed by every command the server ran per period. (Run at
+once, each on a server of its own, two 100,000-lock watchdogs and their acquires overload two
+shared cores: renewals go out late and locks are lost.)
 
 ``--scripts`` measures the renew scripts alone, without the watchdog around them: the same
 locks (taken in lease mode: nothing else renews them) renewed over and over in one process,
 the variants interleaved sweep by sweep (so a load change on a shared machine hits them
-alike): the ``PEXPIRE`` pipeline, the per-key layout (``renew.lua``, what the watchdog sent
-before #22) and ``renew_many.lua``, each in pipelines of 1,000 keys, ``RENEW_BATCH`` keys a
-script.
+alike): the ``PEXPIRE`` pipeline, a ``PEXPIREAT`` pipeline, the per-key layout
+(``renew.lua``, what the watchdog sent before #22), ``--baseline REF``'s ``renew_many.lua``
+and this tree's, each in pipelines of 1,000 keys, ``RENEW_BATCH`` keys a script.
+``bench/renewal_inline.py`` compares them inside the running watchdog instead.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from typing import Any
 
 import redis
 
+from .baseline import extract
 from .server import RedisServer
 
 WATCHDOG_THREAD = "django-rlock-watchdog"
@@ -64,13 +69,20 @@ class WResult:
     min_ttl_ms: int
     release_s: float
     left_after_release: int
+    commands: dict[str, float]  # per period, every command the server ran (INFO commandstats)
 
 
-def _server_sample(c: redis.Redis) -> tuple[int, float, float]:
+def server_sample(c: redis.Redis) -> tuple[int, float, float]:
     ev = c.info("commandstats").get("cmdstat_evalsha", {})
     cpu = c.info("cpu")
     return (int(ev.get("calls", 0)), float(ev.get("usec", 0)) / 1e3,
             (float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])) * 1e3)
+
+
+def commands(c: redis.Redis) -> dict[str, int]:
+    """Calls per command since the server started (in-script calls included)."""
+    return {k.removeprefix("cmdstat_"): int(v.get("calls", 0))
+            for k, v in c.info("commandstats").items()}
 
 
 def _thread_cpu(t: threading.Thread | None) -> float:
@@ -83,13 +95,27 @@ def _thread_cpu(t: threading.Thread | None) -> float:
         return float("nan")
 
 
+def import_from(code: str) -> None:
+    """Make ``django_rlock`` import from ``code``: first on the path, and the copy this
+    process already imported (``bench.server`` imports ``django_rlock.testing``) forgotten."""
+    sys.path.insert(0, code)
+    for name in [m for m in sys.modules if m == "django_rlock" or m.startswith("django_rlock.")]:
+        del sys.modules[name]
+
+
 def _child(socket_path: str, n: int, watchdog_timeout: float, settle: float, observe: float,
            out: Any, code: str | None = None) -> None:
     try:
         if code is not None:
-            sys.path.insert(0, code)
+            import_from(code)
+        import django_rlock
         from django_rlock import RLock
         from django_rlock.engine.watchdog import watchdog
+
+        # Before this check the baseline ran this tree's code: ``bench.server`` had imported
+        # ``django_rlock`` (this tree's) before the path was set, and the two "variants" of
+        # docs/benchmarks.md's first watchdog table measured the same code.
+        assert code is None or django_rlock.__file__.startswith(code), django_rlock.__file__
 
         client = redis.Redis(unix_socket_path=socket_path)
         stats = redis.Redis(unix_socket_path=socket_path)
@@ -105,11 +131,13 @@ def _child(socket_path: str, n: int, watchdog_timeout: float, settle: float, obs
         wd_threads = [t for t in threading.enumerate() if t.name == WATCHDOG_THREAD]
         wdt = wd_threads[0] if wd_threads else None
         rt0, rn0 = wd.round_trips, wd.renewed
-        ev0, us0, rc0 = _server_sample(stats)
+        cmd0 = commands(stats)
+        ev0, us0, rc0 = server_sample(stats)
         cpu0, tc0, w0 = time.process_time(), _thread_cpu(wdt), time.monotonic()
         time.sleep(observe * period)
         cpu1, tc1, w1 = time.process_time(), _thread_cpu(wdt), time.monotonic()
-        ev1, us1, rc1 = _server_sample(stats)
+        ev1, us1, rc1 = server_sample(stats)
+        cmd1 = commands(stats)
         rt1, rn1 = wd.round_trips, wd.renewed
         periods = (w1 - w0) / period
         n_wd = sum(1 for t in threading.enumerate() if t.name == WATCHDOG_THREAD)
@@ -136,7 +164,9 @@ def _child(socket_path: str, n: int, watchdog_timeout: float, settle: float, obs
             (rt1 - rt0) / periods, (rn1 - rn0) / periods, (ev1 - ev0) / periods,
             (cpu1 - cpu0) * 1e3 / periods, (tc1 - tc0) * 1e3 / periods, (rc1 - rc0) / periods,
             (us1 - us0) / periods, n_wd, n_threads, sum(1 for t in ttls if t > 0),
-            min(ttls) if ttls else -2, release_s, left)))
+            min(ttls) if ttls else -2, release_s, left,
+            {k: (v - cmd0.get(k, 0)) / periods for k, v in cmd1.items()
+             if v > cmd0.get(k, 0) and k != "info"})))
     except Exception:
         out.put(("error", traceback.format_exc()))
 
@@ -145,16 +175,18 @@ def run(server: RedisServer, n: int = 10_000, watchdog_timeout: float = 3.0, set
         observe: float = 8.0, code: str | None = None) -> WResult:
     """``settle`` and ``observe`` are in watchdog periods (``watchdog_timeout / 3``); ``code``:
     a directory to import ``django_rlock`` from instead of this tree."""
-    return _spawn(_child, (server.socket_path, n, watchdog_timeout, settle, observe),
-                  120 + n / 500 + (settle + observe) * watchdog_timeout / 3.0, code)
+    return spawn(_child, (server.socket_path, n, watchdog_timeout, settle, observe),
+                 120 + n / 500 + (settle + observe) * watchdog_timeout / 3.0, code)
 
 
 def _floor_child(socket_path: str, n: int, watchdog_timeout: float, settle: float,
-                 observe: float, out: Any, code: str | None = None) -> None:
+                 observe: float, gap: float, out: Any, code: str | None = None) -> None:
     """The floor: ``n`` RLocks taken as the watchdog variant takes them (lease mode here, so
     this process's watchdog leaves them alone: same keys, same index entries, the same memory
-    layout on the server), kept by one ``PEXPIRE`` per key per period in pipelines of 1,000.
-    Reports server CPU ms per period."""
+    layout on the server), kept by one ``PEXPIRE`` per key per period in pipelines of 1,000,
+    sent back to back (``gap`` 0) or ``gap`` seconds apart (nearer the watchdog's pace: its
+    client work leaves the server ~1.5 ms idle between two of its pipelines). Reports server
+    CPU ms per period."""
     try:
         from django_rlock import RLock
 
@@ -174,6 +206,8 @@ def _floor_child(socket_path: str, n: int, watchdog_timeout: float, settle: floa
                     # a PEXPIRE costs the server the same whatever the value.
                     pipe.pexpire(k, 600_000)
                 pipe.execute()
+                if gap:
+                    time.sleep(gap)
 
         at = [time.monotonic()]
 
@@ -185,10 +219,10 @@ def _floor_child(socket_path: str, n: int, watchdog_timeout: float, settle: floa
                 time.sleep(max(0.0, at[0] - time.monotonic()))
 
         sweeps(settle)
-        _, _, rc0 = _server_sample(stats)
+        _, _, rc0 = server_sample(stats)
         w0 = time.monotonic()
         sweeps(observe)
-        _, _, rc1 = _server_sample(stats)
+        _, _, rc1 = server_sample(stats)
         periods = (time.monotonic() - w0) / period
         client.flushall()  # its lease holds: nothing renews them, nothing to release in order
         out.put(("ok", (rc1 - rc0) / periods))
@@ -197,13 +231,13 @@ def _floor_child(socket_path: str, n: int, watchdog_timeout: float, settle: floa
 
 
 def floor(server: RedisServer, n: int = 10_000, watchdog_timeout: float = 3.0,
-          settle: float = 2.0, observe: float = 8.0) -> float:
+          settle: float = 2.0, observe: float = 8.0, gap: float = 0.0) -> float:
     """Server CPU ms per period of the floor (``_floor_child``)."""
-    return _spawn(_floor_child, (server.socket_path, n, watchdog_timeout, settle, observe),
-                  120 + (settle + observe) * watchdog_timeout / 3.0, None)
+    return spawn(_floor_child, (server.socket_path, n, watchdog_timeout, settle, observe, gap),
+                 120 + (settle + observe) * watchdog_timeout / 3.0, None)
 
 
-def _spawn(target: Any, args: tuple[Any, ...], budget: float, code: str | None) -> Any:
+def spawn(target: Any, args: tuple[Any, ...], budget: float, code: str | None) -> Any:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     p = ctx.Process(target=target, args=(*args, out, code), daemon=True)
@@ -227,9 +261,10 @@ def _spawn(target: Any, args: tuple[Any, ...], budget: float, code: str | None) 
             p.join(5)
 
 
-def script_costs(server: RedisServer, n: int, rounds: int, pace: float = 0.0
-                 ) -> dict[str, list[float]]:
-    """Server CPU us per key renewed, per variant and round (``--scripts``)."""
+def script_costs(server: RedisServer, n: int, rounds: int, pace: float = 0.0,
+                 baseline: str | None = None) -> dict[str, list[float]]:
+    """Server CPU us per key renewed, per variant and round (``--scripts``); ``baseline``:
+    the source of another revision's ``renew_many.lua``, a variant of its own."""
     from django_rlock import RLock
     from django_rlock.engine.identity import thread_owner
     from django_rlock.engine.renewal import RENEW_BATCH, RENEW_MANY_SCRIPT
@@ -242,45 +277,64 @@ def script_costs(server: RedisServer, n: int, rounds: int, pace: float = 0.0
         lk.lock(lease_time=600)
     keys = [lk.key for lk in locks]
     per_key = client.script_load(RENEW_SCRIPT.source)
-    many = client.script_load(RENEW_MANY_SCRIPT.source)
 
     def floor(part: list[str], pipe: Any) -> None:
         for k in part:
             pipe.pexpire(k, 60_000)
+
+    def floor_at(part: list[str], pipe: Any) -> None:
+        at = int(time.time() * 1000) + 60_000
+        for k in part:
+            pipe.pexpireat(k, at)
 
     def old(part: list[str], pipe: Any) -> None:
         for j in range(0, len(part), RENEW_BATCH):
             chunk = part[j:j + RENEW_BATCH]
             pipe.evalsha(per_key, len(chunk), *chunk, *[a for _ in chunk for a in (owner, 60_000)])
 
-    def new(part: list[str], pipe: Any) -> None:
-        for j in range(0, len(part), RENEW_BATCH):
-            chunk = part[j:j + RENEW_BATCH]
-            pipe.evalsha(many, len(chunk), *chunk, owner, 60_000, len(chunk))
+    def runs(source: str) -> Any:
+        sha = client.script_load(source)
 
-    variants = {"floor (PEXPIRE pipeline)": floor, "renew.lua (owner, lease per key)": old,
-                "renew_many.lua (owner, lease per run)": new}
+        def fill(part: list[str], pipe: Any) -> None:
+            for j in range(0, len(part), RENEW_BATCH):
+                chunk = part[j:j + RENEW_BATCH]
+                pipe.evalsha(sha, len(chunk), *chunk, owner, 60_000, len(chunk))
+        return fill
+
+    variants = {"floor (PEXPIRE pipeline)": floor, "PEXPIREAT pipeline": floor_at,
+                "renew.lua (owner, lease per key)": old}
+    if baseline is not None:
+        variants["renew_many.lua (baseline)"] = runs(baseline)
+    variants["renew_many.lua (this tree)"] = runs(RENEW_MANY_SCRIPT.source)
     out: dict[str, list[float]] = {v: [] for v in variants}
     for _ in range(rounds):
         for v, fill in variants.items():
-            before = _server_sample(client)[2]
+            before = server_sample(client)[2]
             for i in range(0, n, 1000):
                 pipe = client.pipeline(transaction=False)
                 fill(keys[i:i + 1000], pipe)
                 replies = pipe.execute()
                 if pace:
-                    time.sleep(pace)  # the watchdog's pace: a pipeline per ~10 ms
+                    time.sleep(pace)  # the watchdog's pace: client work between pipelines
                 assert all(r == 1 or r == [] or r == [1] * len(r) for r in replies)
-            out[v].append((_server_sample(client)[2] - before) * 1e3 / n)
+            out[v].append((server_sample(client)[2] - before) * 1e3 / n)
     client.flushall()
     return out
+
+
+def baseline_source(code: str) -> str:
+    """``renew_many.lua`` as the revision extracted to ``code`` sends it."""
+    import subprocess
+
+    return subprocess.run(
+        [sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
+         "from django_rlock.engine.renewal import RENEW_MANY_SCRIPT as s; print(s.source)", code],
+        capture_output=True, check=True, text=True).stdout
 
 
 def main(argv: list[str] | None = None) -> int:
     import argparse
     import statistics
-    import subprocess
-    import tempfile
 
     from bench import renewal  # this module by its importable name (spawned children)
 
@@ -294,25 +348,29 @@ def main(argv: list[str] | None = None) -> int:
                     help="the renew scripts alone, interleaved (no watchdog)")
     ap.add_argument("--pace", type=float, default=0.0,
                     help="--scripts: sleep this long (s) after each pipeline")
+    ap.add_argument("--floor-gap", type=float, default=0.0,
+                    help="also a floor that sleeps this long (s) after each pipeline")
     args = ap.parse_args(argv)
+    code = extract(args.baseline) if args.baseline else None
     if args.scripts:
         with RedisServer() as server:
-            res = script_costs(server, args.locks, args.rounds, args.pace)
-        base = statistics.median(res["floor (PEXPIRE pipeline)"])
+            res = script_costs(server, args.locks, args.rounds, args.pace,
+                               baseline_source(code) if code else None)
+        floor_each = res["floor (PEXPIRE pipeline)"]
         print(f"{args.locks:,} lock hashes renewed, {args.rounds} interleaved sweeps each "
               f"(medians), unix socket\n")
-        print("| variant | server CPU us/key | x floor | range over sweeps |")
+        print("| variant | server CPU us/key | x floor (median of sweeps) | range over sweeps |")
         print("|---|---|---|---|")
         for v, xs in res.items():
-            m = statistics.median(xs)
-            print(f"| {v} | {m:.2f} | {m / base:.2f} | {min(xs) / base:.2f}-{max(xs) / base:.2f} |")
+            ratios = [x / y for x, y in zip(xs, floor_each, strict=True)]
+            print(f"| {v} | {statistics.median(xs):.2f} | {statistics.median(ratios):.2f} | "
+                  f"{min(ratios):.2f}-{max(ratios):.2f} |")
         return 0
-    variants: dict[str, str | None] = {"floor (PEXPIRE pipeline)": None, "RLock": None}
-    if args.baseline:  # its django_rlock, extracted to a temp dir, imported by its process
-        code = tempfile.mkdtemp(prefix="rlock-baseline-")
-        archive = subprocess.run(["git", "archive", args.baseline, "django_rlock"],
-                                 capture_output=True, check=True).stdout
-        subprocess.run(["tar", "-x", "-C", code], input=archive, check=True)
+    variants: dict[str, str | None] = {"floor (PEXPIRE pipeline)": None}
+    if args.floor_gap:
+        variants[f"floor, {args.floor_gap * 1e3:g} ms after each pipeline"] = None
+    variants["RLock"] = None
+    if code:  # its django_rlock, extracted to a temp dir, imported by its process
         variants[f"RLock ({args.baseline})"] = code
     cpu: dict[str, list[float]] = {v: [] for v in variants}
     scripts: dict[str, list[float]] = {v: [] for v in variants}
@@ -320,13 +378,15 @@ def main(argv: list[str] | None = None) -> int:
     alive: dict[str, list[int]] = {v: [] for v in variants}
     client: dict[str, list[float]] = {v: [] for v in variants}
     inside: dict[str, list[float]] = {v: [] for v in variants}
+    commands: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
     names = list(variants)
     with RedisServer() as server:
         for rnd in range(args.rounds):
             for v in names[rnd % len(names):] + names[:rnd % len(names)]:
                 if v.startswith("floor"):
+                    gap = args.floor_gap if v != names[0] else 0.0
                     cpu[v].append(renewal.floor(server, args.locks, args.timeout,
-                                                observe=args.observe))
+                                                observe=args.observe, gap=gap))
                 else:
                     w = renewal.run(server, args.locks, args.timeout, observe=args.observe,
                                     code=variants[v])
@@ -336,6 +396,7 @@ def main(argv: list[str] | None = None) -> int:
                     alive[v].append(w.alive)
                     client[v].append(w.process_cpu_ms)
                     inside[v].append(w.redis_script_ms * 1e3 / w.renewed if w.renewed else 0.0)
+                    commands[v].append(w.commands)
                 print(f"  round {rnd + 1} {v}: {cpu[v][-1]:.0f} ms server CPU per period",
                       file=sys.stderr, flush=True)
     period = args.timeout / 3.0
@@ -356,6 +417,13 @@ def main(argv: list[str] | None = None) -> int:
         usec = f"{statistics.median(inside[v]):.2f}" if inside[v] else "-"
         print(f"| {v} | {m / period:.0f} | {m / base:.2f} | {each} | {ev} | {rt} | {usec} | "
               f"{own} | {kept} |")
+    print("\nEvery command the server ran per period, in scripts or not (median over rounds):\n")
+    for v in names:
+        if commands[v]:
+            seen = sorted({k for c in commands[v] for k in c})
+            ran = ", ".join(f"{k} {statistics.median([c.get(k, 0.0) for c in commands[v]]):,.0f}"
+                            for k in seen)
+            print(f"- {v}: {ran}")
     return 0
 
 

@@ -292,3 +292,28 @@ def test_a_renewal_that_meets_its_owners_own_release_reports_no_loss(r):
     wd.released(k, hold, fully=True)  # and the releasing thread books it on the reply
     time.sleep(0.6)
     assert lost == [] and not lock.is_lost()
+
+
+def test_a_batched_renewal_runs_one_check_and_one_expiry_per_key(r):
+    """What renewing a key costs the server, counted: the owner's check (``HEXISTS``) and the
+    new expiry (``PEXPIREAT``: the server's ``TIME``, read once per script, plus the lease;
+    ``PEXPIRE`` reads the clock and makes a new argument per key); and the expiry so set is
+    the hold's lease, from the server's clock."""
+    from django_rlock.engine.holds import Hold
+    from django_rlock.engine.renewal import RENEW_BATCH, renew_calls, results
+
+    holds = []
+    for i in range(2 * RENEW_BATCH + 10):  # three scripts
+        h = Hold(r, ("s",), f"cost:{i}", f"cost:{i}", "owner-c:1")
+        h.period, h.renew = 10.0, True  # a 30 s lease
+        r.hset(h.key, h.owner, 1)
+        holds.append(h)
+    calls, order, shapes = renew_calls(holds, False, time.monotonic())
+    r.config_resetstat()
+    replies = [r.eval(script.source, len(keys), *keys, *args) for script, keys, args in calls]
+    inner = {k.removeprefix("cmdstat_"): v["calls"] for k, v in r.info("commandstats").items()}
+    inner = {k: n for k, n in inner.items() if k.split("|")[0] not in {"eval", "info", "config"}}
+    assert inner == {"hexists": len(holds), "pexpireat": len(holds), "time": 3}
+    assert results(replies, shapes) == [1] * len(holds)
+    ttls = [r.pttl(h.key) for h in holds]
+    assert all(27_000 < ttl <= 30_000 for ttl in ttls), (min(ttls), max(ttls))
