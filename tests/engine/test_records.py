@@ -239,3 +239,30 @@ def test_a_new_process_label_is_written_before_the_next_attempt(r):
         assert [i.holders[0].process for i in infos] == ["billing worker"] * 2
     finally:
         identity.set_process_label(None)
+
+
+def test_a_user_denied_the_records_keys_still_locks_and_lists_its_holders_process_unknown(
+        r, redis_server):
+    """README, "Redis ACLs": a user whose key patterns leave out ``rlock-process:*`` gets its
+    locks (the record's write fails quietly, and is not tried again on every attempt); a
+    listing shows its holders' process as unknown."""
+    r.acl_setuser("nodata", enabled=True, passwords=["+pw"], commands=["+@all"],
+                  keys=["acl:*", "rlock-index:*", "rlock_*", "redisson_*"], channels=["*"])
+    try:
+        limited = redis_server.client(username="nodata", password="pw")
+        lock = RLock(limited, "one", prefix="acl:")
+        lock.lock()
+        r.config_resetstat()
+        for _ in range(5):
+            lock.lock()
+            lock.unlock()  # reentrant: still held once
+        assert "set" not in _calls(r)  # the failed write waits out records.RETRY
+        assert not r.exists(MINE)
+        (h,) = _listed(r, "acl:", "one").holders
+        assert (h.pid, h.host, h.process) == (None, None, None)
+        assert h.thread == threading.current_thread().name
+        lock.unlock()
+        assert not r.exists("acl:one")
+        limited.close()
+    finally:
+        r.acl_deluser("nodata")
