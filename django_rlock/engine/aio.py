@@ -308,9 +308,16 @@ class AsyncRLock(LockBase):
         """A wait's token. Once this process's subscription to the lock's channels is
         confirmed, it ends in ``PROCESS_TOKEN_MARK``: a release grants it on this process's
         own channel for the lock, which no other process hears, and skips it if nobody
-        listens there (the process died). Before that, the shared grant channel."""
+        listens there (the process died). Before that, the shared grant channel.
+
+        Never on a cluster: a wait keeps the subscription it started with (invariant 28), so
+        after its slot moved, a release on the new master would find nobody on the process
+        channel and skip the waiter at every turn (sharded pub/sub), or skip it while the
+        cluster still carried the grant to the old node's subscriber (classic pub/sub: the
+        waiter would book a lock granted to the next one). The shared grant channel is heard
+        wherever the subscription stands, and its grants are claimed (invariant 21)."""
         token = self._new_token(field)
-        return token + PROCESS_TOKEN_MARK if heard else token
+        return token + PROCESS_TOKEN_MARK if heard and self._cluster is None else token
 
     async def _withdraw(self, k: HoldKey, token: str, deadline: float | None) -> None:
         try:
