@@ -416,3 +416,30 @@ def test_async_first_attempts_register_only_on_locks_this_process_found_held(r, 
         return seen
 
     assert asyncio.run(main()) == [2, 4]  # plain (lock, index); then with the queue keys
+
+
+def test_a_line_made_again_on_a_foreign_waiters_turn_keeps_the_lines_expiry(r):
+    """A release on a Redisson client's turn frees the lock and puts the token it popped back
+    at the head of the line; when that token was the whole line, the LPOP deleted the list and
+    the LPUSH makes it again: it must get the waiters hash's expiry back, or a line nobody
+    pops again (withdrawals only HDEL) would stay forever (found in review)."""
+    key = "turned"
+    foreign = r.pubsub()
+    foreign.subscribe(lock_channel(key))  # a Redisson client: the lock channel only
+    assert foreign.get_message(timeout=2)["type"] == "subscribe"
+    now_ms = int(r.time()[0] * 1000)
+    token = "other-process:7#1"
+    r.hset(key, "own-process:1", 1)
+    r.pexpire(key, 30_000)
+    r.rpush(handoff_queue(key), token)
+    r.hset(handoff_waiters(key), token, f"{now_ms + 10_000} 3000 x")
+    r.pexpire(handoff_queue(key), 20_000)
+    r.pexpire(handoff_waiters(key), 20_000)
+    keys = (key, lock_channel(key), "rlock-index:", handoff_queue(key), handoff_waiters(key),
+            grant_channel(key))
+    reply = call_once(r, RELEASE_SCRIPT, keys, ("own-process:1", 30_000, "0", "", 0, 0, "", "",
+                                                "own-process"))
+    assert reply == 2  # freed with "0" for the foreign client (its turn), one subscriber heard
+    assert r.lrange(handoff_queue(key), 0, -1) == [token.encode()]  # still first in line
+    assert 0 < r.pttl(handoff_queue(key)) <= r.pttl(handoff_waiters(key))
+    foreign.close()

@@ -58,7 +58,14 @@ if token then
     grant = redis.call('hget', KEYS[5], '!turn') == 'line'
     redis.call('hset', KEYS[5], '!turn', grant and 'free' or 'line')
     if not grant then
-      redis.call('lpush', KEYS[4], token)
+      -- Back at the head; a line that was this one token was deleted by the LPOP and is made
+      -- again here: it gets the hash's expiry (withdrawals only HDEL: it must not outlive it).
+      if redis.call('lpush', KEYS[4], token) == 1 then
+        local left = redis.call('pttl', KEYS[5])
+        if left > 0 then
+          redis.call('pexpire', KEYS[4], left)
+        end
+      end
     end
   end
   if grant then
