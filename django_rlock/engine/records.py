@@ -31,6 +31,7 @@ id and since when, with host, pid and process ``None``.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -66,8 +67,13 @@ def due(server: Any, lease_ms: int) -> bool:
     return now + lease_ms / 1000.0 + TTL / 3 > st[1] and now >= st[2]
 
 
-def _ttl(lease_ms: int) -> float:
-    return max(TTL, lease_ms / 1000.0 + TTL / 2)
+def _ttl(server: Any, lease_ms: int) -> float:
+    """How long a write makes the record live: past this lease, and never less than what an
+    earlier write promised (the watchdog's refresh must not cut short a record that a
+    longer lease of this process needs)."""
+    st = _written().get(server)
+    left = st[1] - time.monotonic() if st is not None else 0.0
+    return max(TTL, lease_ms / 1000.0 + TTL / 2, left)
 
 
 def _sent(server: Any, sent: float, ttl: float) -> None:
@@ -85,7 +91,7 @@ def write(client: Any, server: Any, lease_ms: int = 0) -> None:
     """Write this process's record on ``client``'s server (a cluster node's: through its
     cluster client, in the record's own slot). Never raises: a lock's own round trip reports
     a dead server; a listing shows a holder without its record as a process unknown."""
-    ttl = _ttl(lease_ms)
+    ttl = _ttl(server, lease_ms)
     target = cluster_of(client) or client
     sent = time.monotonic()
     try:
@@ -99,12 +105,12 @@ def write(client: Any, server: Any, lease_ms: int = 0) -> None:
 
 async def awrite(client: Any, server: Any, lease_ms: int = 0) -> None:
     """``write`` on a ``redis.asyncio`` client (on a cluster, the sync cluster client's round
-    trip: once per process, then every ``TTL / 6`` at most)."""
+    trip on a worker thread: once per process, then every ``TTL / 6`` at most)."""
     cluster = cluster_of(client)
-    if cluster is not None:
-        write(cluster, server, lease_ms)
+    if cluster is not None:  # on a thread: the cluster client's retries must not block the loop
+        await asyncio.to_thread(write, cluster, server, lease_ms)
         return
-    ttl = _ttl(lease_ms)
+    ttl = _ttl(server, lease_ms)
     sent = time.monotonic()
     try:
         await client.set(process_key(identity.process_id()), identity.process_record(),

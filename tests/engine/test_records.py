@@ -19,6 +19,7 @@ from django_rlock import AsyncRLock, RLock
 from django_rlock.engine import identity, records
 from django_rlock.engine.listing import Locks
 from django_rlock.engine.naming import index_key, process_key
+from django_rlock.engine.watchdog import server_id
 
 MINE = process_key(identity.process_id())
 
@@ -266,3 +267,19 @@ def test_a_user_denied_the_records_keys_still_locks_and_lists_its_holders_proces
         limited.close()
     finally:
         r.acl_deluser("nodata")
+
+
+def test_the_watchdogs_refresh_never_shortens_a_record_a_long_lease_needs(r, monkeypatch):
+    """A lock with a lease of an hour makes the record live past it; a later refresh by the
+    watchdog (for this process's watchdog-mode holds) must not cut that back to ``TTL``, or
+    the long-lease lock would be listed with its process unknown once the watchdog's holds
+    ended (found in review)."""
+    monkeypatch.setattr(records, "REFRESH", 0.0)
+    long = RLock(r, "long", prefix="t:")
+    long.lock(lease_time=3600)
+    try:
+        assert r.pttl(MINE) > 3600 * 1000
+        records.refresh(r, server_id(r))  # what the watchdog runs after a renewal there
+        assert r.pttl(MINE) > 3600 * 1000
+    finally:
+        long.unlock()
