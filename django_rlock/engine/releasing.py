@@ -111,7 +111,8 @@ class Releasing:
     def _orphaned_entry(self, token: bytes, until: float | None) -> None:
         """Our release put a heir in line that left meanwhile: its entry comes out (on the
         withdrawals thread), or the line would grant the lock to a wait that is over."""
-        withdrawals.later(self._sync_client, self._release_keys[4], token.decode(), until)
+        withdrawals.later(self._sync_client, self._release_keys[4], token.decode(), until,
+                          at_once=True)
 
     def _handed_over(self, plan: Release) -> None:
         """The end of a sync release: if it handed the lock to a waiting thread of ours, block

@@ -31,22 +31,28 @@ LONGEST_ENTRY = 66.0
 class _Pending:
     """This process's withdrawals to send again, and the thread sending them."""
 
-    __slots__ = ("items", "lock", "thread")
+    __slots__ = ("items", "lock", "soon", "thread")
 
     def __init__(self) -> None:
         #: (client, waiters hash, token) -> monotonic time past which the entry is gone anyway.
         self.items: dict[tuple[Any, str, str], float] = {}
         self.lock = threading.Lock()
         self.thread: threading.Thread | None = None
+        #: Set to send now rather than at the next tick (an entry that must go before a
+        #: release grants it: ``later(..., at_once=True)``).
+        self.soon = threading.Event()
 
 
 #: None in a forked child: the parent's thread does not exist there, its waits were not ours.
 _state = process.local(_Pending)
 
 
-def later(client: Any, waiters: str, token: str, until: float | None) -> None:
+def later(client: Any, waiters: str, token: str, until: float | None,
+          at_once: bool = False) -> None:
     """Keep withdrawing ``token`` from ``waiters`` on ``client``'s server until it lands or
-    ``until`` (its entry's end; None: no budget) has passed."""
+    ``until`` (its entry's end; None: no budget) has passed. ``at_once``: the first try goes
+    now, not after ``RETRY_EVERY`` (an entry our own release just wrote for a waiter that
+    had left: the sooner it goes, the less likely the next release grants it to nobody)."""
     now = time.monotonic()
     end = now + LONGEST_ENTRY if until is None else until
     if end <= now:
@@ -58,6 +64,8 @@ def later(client: Any, waiters: str, token: str, until: float | None) -> None:
             pending.thread = threading.Thread(target=_run, args=(pending,),
                                               name="django-rlock-withdraw", daemon=True)
             pending.thread.start()
+    if at_once:
+        pending.soon.set()
 
 
 def pending() -> int:
@@ -67,7 +75,8 @@ def pending() -> int:
 
 def _run(pending: _Pending) -> None:
     while True:
-        time.sleep(RETRY_EVERY)
+        pending.soon.wait(RETRY_EVERY)
+        pending.soon.clear()
         with pending.lock:
             now = time.monotonic()
             for item, end in list(pending.items.items()):

@@ -167,3 +167,20 @@ def test_an_acquire_whose_reply_came_after_its_lease_is_not_a_hold(r, redis_serv
     finally:
         slow.close()
         proxy.close()
+
+
+def test_an_orphaned_heirs_entry_goes_at_once_not_at_the_next_tick(r, monkeypatch):
+    """Our release put a heir of ours in line (invariant 44) that had left meanwhile: its
+    entry is withdrawn right away (``at_once``), since the next release would grant the lock
+    to nobody; a failed withdrawal's retry still waits for the tick (found in review: the
+    orphan's entry waited a whole ``RETRY_EVERY``)."""
+    monkeypatch.setattr(withdrawals, "RETRY_EVERY", 5.0)
+    r.hset("orphaned-waiters", mapping={"gone:1#1p": "x", "gone:2#2p": "y"})
+    withdrawals.later(r, "orphaned-waiters", "gone:1#1p", time.monotonic() + 30, at_once=True)
+    until(lambda: not r.hexists("orphaned-waiters", "gone:1#1p"), timeout=2,
+          what="the orphan's entry withdrawn at once")
+    withdrawals.later(r, "orphaned-waiters", "gone:2#2p", time.monotonic() + 30)
+    time.sleep(1.0)
+    assert r.hexists("orphaned-waiters", "gone:2#2p")  # a retry: at the next tick
+    withdrawals.later(r, "orphaned-waiters", "gone:2#2p", time.monotonic() + 30, at_once=True)
+    until(lambda: not r.exists("orphaned-waiters"), timeout=2, what="both withdrawn")
