@@ -124,7 +124,8 @@ class HandOffs:
                 ch.pending = False
                 return self.take_grant(ch, w, w.handoff.grant_ms if w.handoff else None,
                                        raced_since)
-            if registered and raced and w.state is State.ABANDONED:
+            if registered and raced and w.state is State.ABANDONED and w not in self._detached:
+                # (A detached one was counted out by ``detach_overdue`` already.)
                 if ch is not None:
                     ch.active -= 1
                 return False  # granted to a waiter that is gone: release on its behalf
