@@ -441,5 +441,5 @@ def test_a_line_made_again_on_a_foreign_waiters_turn_keeps_the_lines_expiry(r):
                                                 "own-process"))
     assert reply == 2  # freed with "0" for the foreign client (its turn), one subscriber heard
     assert r.lrange(handoff_queue(key), 0, -1) == [token.encode()]  # still first in line
-    assert 0 < r.pttl(handoff_queue(key)) <= r.pttl(handoff_waiters(key))
+    assert 0 < r.pttl(handoff_queue(key)) <= r.pttl(handoff_waiters(key)) + 100  # read apart
     foreign.close()
