@@ -62,14 +62,7 @@ if ARGV[5] then
   end
   local entry = (now + valid) .. ' ' .. ARGV[8] .. ' ' .. (body or stamped(ARGV[3], now))
   redis.call('hset', KEYS[4], ARGV[5], entry)
-  -- The line lives as long as its longest entry: raised (with room, so most registrations
-  -- only read it), never shortened; a list just made again gets the hash's.
-  local left = redis.call('pttl', KEYS[4])
-  if left < valid then
-    redis.call('pexpire', KEYS[4], 2 * valid)
-    redis.call('pexpire', KEYS[3], 2 * valid)
-  elseif n == 1 then
-    redis.call('pexpire', KEYS[3], left)
-  end
+  -- #include keep_line
+  keep_line(KEYS[3], KEYS[4], valid, n)
 end
 return ttl

@@ -116,16 +116,8 @@ if token then
           if budget >= 0 and budget < valid then valid = budget end
           redis.call('hset', KEYS[5], '=' .. heir, token, next,
                      (now + valid) .. ' ' .. ARGV[12] .. ' ' .. stamped(ARGV[7], now))
-          local n = redis.call('rpush', KEYS[4], next)
-          -- The line lives as long as its longest entry: raised (with room, so most calls
-          -- only read it), never shortened; a list just made again gets the hash's.
-          local ttl = redis.call('pttl', KEYS[5])
-          if ttl < valid then
-            redis.call('pexpire', KEYS[5], 2 * valid)
-            redis.call('pexpire', KEYS[4], 2 * valid)
-          elseif n == 1 then
-            redis.call('pexpire', KEYS[4], ttl)
-          end
+          -- #include keep_line
+          keep_line(KEYS[4], KEYS[5], valid, redis.call('rpush', KEYS[4], next))
           return {token, 1}
         end
       end
