@@ -23,12 +23,13 @@ not syncing.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import signal
 import socket
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -221,6 +222,18 @@ class ClusterTopology(Processes):
         return redis.asyncio.cluster.RedisCluster(startup_nodes=[
             redis.asyncio.cluster.ClusterNode("127.0.0.1", s.port) for s in self.live()],
             **kwargs)
+
+    def run_async(self, body: Callable[[Any], Awaitable[None]]) -> None:
+        """``asyncio.run`` of ``body(client)`` on a fresh asyncio cluster client, closed after
+        on the same loop."""
+        async def main() -> None:
+            arc = self.async_client()
+            try:
+                await body(arc)
+            finally:
+                await arc.aclose()
+
+        asyncio.run(main())
 
     def node_client(self, server: RedisServer, **kwargs: Any) -> redis.Redis:
         """A plain ``redis.Redis`` to one node over TCP (no redirections followed)."""

@@ -23,17 +23,6 @@ from django_rlock import (
 from tests.cluster_topology import ClusterTopology
 
 
-def _run(cluster: ClusterTopology, body) -> None:
-    async def main() -> None:
-        arc = cluster.async_client()
-        try:
-            await body(arc)
-        finally:
-            await arc.aclose()
-
-    asyncio.run(main())
-
-
 def test_an_asyncio_lock_holds_renews_and_wakes_its_waiter(cluster: ClusterTopology):
     name = "aio-lock"
     master = cluster.node_for_key(name)
@@ -66,7 +55,7 @@ def test_an_asyncio_lock_holds_renews_and_wakes_its_waiter(cluster: ClusterTopol
         await task
         assert not await holder.is_locked()
 
-    _run(cluster, body)
+    cluster.run_async(body)
 
 
 def test_the_asyncio_kinds_run_on_a_cluster(cluster: ClusterTopology):
@@ -103,7 +92,7 @@ def test_the_asyncio_kinds_run_on_a_cluster(cluster: ClusterTopology):
         await latch.count_down()
         assert await asyncio.wait_for(opened, 3) is True
 
-    _run(cluster, body)
+    cluster.run_async(body)
 
 
 def test_an_asyncio_lock_follows_its_slot_to_another_master(cluster: ClusterTopology):
@@ -130,7 +119,7 @@ def test_an_asyncio_lock_follows_its_slot_to_another_master(cluster: ClusterTopo
         await stale.unlock()
         await arc2.aclose()
 
-    _run(cluster, body)
+    cluster.run_async(body)
 
 
 def test_a_client_of_the_wrong_flavour_is_refused_before_any_command(cluster: ClusterTopology):
@@ -147,4 +136,4 @@ def test_a_client_of_the_wrong_flavour_is_refused_before_any_command(cluster: Cl
         with pytest.raises(TypeError, match="takes a sync RedisCluster"):
             Semaphore(arc, "k")
 
-    _run(cluster, body)
+    cluster.run_async(body)

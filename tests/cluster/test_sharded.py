@@ -153,11 +153,4 @@ def test_an_asyncio_waiter_on_a_cluster_registers_for_the_shared_grant_channel(
             await asyncio.wait_for(task, 5)  # it took the lock (and gave it back)
             assert not c.exists(lock.key)
 
-    async def main() -> None:
-        arc = cluster.async_client()
-        try:
-            await body(arc)
-        finally:
-            await arc.aclose()
-
-    asyncio.run(main())
+    cluster.run_async(body)
