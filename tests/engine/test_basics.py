@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from django_rlock import LockError, LockNotOwnedError, RLock
 from django_rlock.engine.watchdog import watchdog
@@ -248,7 +250,8 @@ def test_bad_input_messages_name_the_lock(r):
 
 
 def test_redis_errors_propagate_unchanged(own_server):
-    c = own_server.client()
+    # One retry, no backoff: redis-py's default retries would spend ~10 s on the same answer.
+    c = own_server.client(retry=Retry(NoBackoff(), 1))
     lock = RLock(c, "down")
     own_server.stop()
     with pytest.raises(redis.ConnectionError):
