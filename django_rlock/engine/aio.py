@@ -363,12 +363,13 @@ class AsyncRLock(LockBase):
         async def verify() -> bool:
             return await self._verified(k)
 
+        w = self._waiting(k, lease_ms, t0, token, registered, deadline=deadline)
         try:
-            got = await waiting.await_(self._waiting(k, lease_ms, t0, token, registered,
-                                                     deadline=deadline),
-                                       attempt, wait, self.unlock, park_until,
+            got = await waiting.await_(w, attempt, wait, self.unlock, park_until,
                                        None if token is None else withdraw, verify,
-                                       self._parked(k, deadline, park_until, self._sync_client))
+                                       self._parked(k, deadline, park_until, self._sync_client,
+                                                    None if w.handoff is None
+                                                    else w.handoff.info))
         except BaseException:
             if isinstance(reg, waiters.Note):  # a kind without a hand-off: its record out
                 await asyncio.shield(waiters.aforget(self._client, reg))

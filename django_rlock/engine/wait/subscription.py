@@ -100,8 +100,7 @@ class Subscription:
 
     def _read_grant(self, name: bytes, token: bytes) -> None:
         """A reader read a grant on our process channel ``name``."""
-        with self._channels.lock:
-            ch = self._channels.by_grant.get(name)
+        ch = self._channels.by_grant.get(name)  # (``granted`` takes the lock)
         if ch is not None:
             self._handoffs.granted(ch.name, token)
 
