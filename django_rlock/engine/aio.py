@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
+import weakref
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any
@@ -42,6 +44,19 @@ logger = logging.getLogger("django_rlock")
 
 #: Give-back and booking tasks started from callbacks: kept alive until they finish.
 _background: set[asyncio.Future[Any]] = set()
+
+#: Per task, its last hold of each lock, looked at when it ends: one done callback per task,
+#: not one per hold, which a task locking in a loop would pile up (with every hold it ever
+#: had) for as long as it runs. Under a lock: holds are booked on other threads too.
+_watched: weakref.WeakKeyDictionary[Any, dict[HoldKey, tuple[AsyncRLock, Any]]]
+_watched, _watched_lock = weakref.WeakKeyDictionary(), threading.Lock()
+
+
+def _task_ended(task: asyncio.Future[Any]) -> None:
+    with _watched_lock:
+        held = _watched.pop(task, None)
+    for k, (lock, hold) in (held or {}).items():
+        lock._task_done(k, hold)
 
 
 class AsyncRLock(LockBase):
@@ -87,7 +102,12 @@ class AsyncRLock(LockBase):
         if task is None:
             task = identity.acting_task()
         if hold.count == 1 and task is not None:
-            task.add_done_callback(lambda _: self._task_done(k, hold))
+            with _watched_lock:
+                held = _watched.get(task)
+                if held is None:
+                    held = _watched[task] = {}
+                    task.add_done_callback(_task_ended)
+                held[k] = (self, hold)
         return hold
 
     def _grant_callback(self, k: HoldKey, lease_ms: int | None,
@@ -271,8 +291,7 @@ class AsyncRLock(LockBase):
         k = (self._server, self.key, self._field())
         park_until = self._park_first_until(k, wait)
         deadline = None if wait is None else t0 + wait
-        heard = False
-        token = None
+        heard, token = False, None
         if self._registers(k, wait, park_until):
             heard = self._grants_heard()
             token = self._wait_token(k[2], heard)
@@ -306,10 +325,8 @@ class AsyncRLock(LockBase):
         return await self._wait(k, lease_ms, wait, park_until, t0, token, registered, deadline)
 
     def _grants_heard(self) -> bool:
-        """``LockBase._grants_heard`` for a task: and a grant to its process channel would
-        reach this loop (its reader, ``wait.aioreader``; asked to subscribe it if not yet)."""
-        mgr = existing_manager(self._sync_client)
-        if mgr is None or self._cluster is not None:
+        """And a grant on our process channel would reach this loop (invariant 45)."""
+        if (mgr := existing_manager(self._sync_client)) is None or self._cluster is not None:
             return mgr is not None and mgr.grants_heard(self._channel)
         ch = mgr.channel(self._channel)
         return ch is not None and mgr.subscription.direct_heard(ch, asyncio.get_running_loop())
