@@ -15,7 +15,8 @@ On a private redis-server, over a unix socket and over loopback TCP, in one run:
   (``time.process_time``); the worst wait of any acquisition.
 
 ``--code PATH``: import ``django_rlock`` from another checkout (a before/after comparison
-runs this file twice, once per checkout).
+runs this file twice, once per checkout). ``--layouts 4x16`` and ``--transports unix`` run
+part of it (a run that looked disturbed is repeated in a minute, not in four).
 """
 
 from __future__ import annotations
@@ -204,7 +205,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--contention-seconds", type=float, default=4.0)
     ap.add_argument("--code", help="import django_rlock from this checkout")
     ap.add_argument("--only", default="pc", help="p: pairs, c: contention")
+    ap.add_argument("--layouts", default="1x16,4x16",
+                    help="contention layouts, processes x tasks (comma-separated)")
+    ap.add_argument("--transports", default="unix,tcp", help="unix, tcp or both")
     args = ap.parse_args(argv)
+    layouts = [tuple(int(n) for n in lay.split("x")) for lay in args.layouts.split(",")]
+    transports = set(args.transports.split(","))
     _paths(args.code)
     import django_rlock
     from django_rlock.testing import RedisServer
@@ -212,6 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     with RedisServer(port=int(os.environ.get("BENCH_PORT", "0")) or _free_port()) as server:
         for label, where in (("unix socket", {"socket": server.socket}),
                              ("TCP loopback", {"port": server.port})):
+            if ("port" in where and "tcp" not in transports) or (
+                    "socket" in where and "unix" not in transports):
+                continue
             if "p" in args.only:
                 res = asyncio.run(_pairs(where, args.rounds, args.seconds))
                 print(f"\n{label}: one task, uncontended pair, median of {args.rounds} rounds")
@@ -223,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"\n{label}: contention on one key, {args.contention_seconds:g} s each")
                 print("| layout | library | acquisitions | server cmds / acq | server us / acq "
                       "| client CPU us / acq | worst wait ms |\n|---|---|---:|---:|---:|---:|---:|")
-                for procs, tasks in ((1, 16), (4, 16)):
+                for procs, tasks in layouts:
                     for lib in ("AsyncRLock", "redis.asyncio Lock"):
                         c = _contention(where, args.code, lib, procs, tasks,
                                         args.contention_seconds)

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
+import weakref
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any
@@ -35,12 +37,26 @@ from .scripts import (
     shielded_task,
 )
 from .wait import loop as waiting
+from .wait.manager import existing_manager
 from .watchdog import server_id, watchdog
 
 logger = logging.getLogger("django_rlock")
 
 #: Give-back and booking tasks started from callbacks: kept alive until they finish.
 _background: set[asyncio.Future[Any]] = set()
+
+#: Per task, its last hold of each lock, looked at when it ends: one done callback per task,
+#: not one per hold, which a task locking in a loop would pile up (with every hold it ever
+#: had) for as long as it runs. Under a lock: holds are booked on other threads too.
+_watched: weakref.WeakKeyDictionary[Any, dict[HoldKey, tuple[AsyncRLock, Any]]]
+_watched, _watched_lock = weakref.WeakKeyDictionary(), threading.Lock()
+
+
+def _task_ended(task: asyncio.Future[Any]) -> None:
+    with _watched_lock:
+        held = _watched.pop(task, None)
+    for k, (lock, hold) in (held or {}).items():
+        lock._task_done(k, hold)
 
 
 class AsyncRLock(LockBase):
@@ -86,7 +102,12 @@ class AsyncRLock(LockBase):
         if task is None:
             task = identity.acting_task()
         if hold.count == 1 and task is not None:
-            task.add_done_callback(lambda _: self._task_done(k, hold))
+            with _watched_lock:
+                held = _watched.get(task)
+                if held is None:
+                    held = _watched[task] = {}
+                    task.add_done_callback(_task_ended)
+                held[k] = (self, hold)
         return hold
 
     def _grant_callback(self, k: HoldKey, lease_ms: int | None,
@@ -270,8 +291,7 @@ class AsyncRLock(LockBase):
         k = (self._server, self.key, self._field())
         park_until = self._park_first_until(k, wait)
         deadline = None if wait is None else t0 + wait
-        heard = False
-        token = None
+        heard, token = False, None
         if self._registers(k, wait, park_until):
             heard = self._grants_heard()
             token = self._wait_token(k[2], heard)
@@ -303,6 +323,13 @@ class AsyncRLock(LockBase):
                 # holder's lease ends) instead of asking again.
                 park_until = time.monotonic() + (waiting.park_timeout(ttl, deadline) or 3600.0)
         return await self._wait(k, lease_ms, wait, park_until, t0, token, registered, deadline)
+
+    def _grants_heard(self) -> bool:
+        """And a grant on our process channel would reach this loop (invariant 45)."""
+        if (mgr := existing_manager(self._sync_client)) is None or self._cluster is not None:
+            return mgr is not None and mgr.grants_heard(self._channel)
+        ch = mgr.channel(self._channel)
+        return ch is not None and mgr.subscription.direct_heard(ch, asyncio.get_running_loop())
 
     def _wait_token(self, field: str, heard: bool) -> str:
         """A wait's token. Once this process's subscription to the lock's channels is
@@ -353,12 +380,13 @@ class AsyncRLock(LockBase):
         async def verify() -> bool:
             return await self._verified(k)
 
+        w = self._waiting(k, lease_ms, t0, token, registered, deadline=deadline)
         try:
-            got = await waiting.await_(self._waiting(k, lease_ms, t0, token, registered,
-                                                     deadline=deadline),
-                                       attempt, wait, self.unlock, park_until,
+            got = await waiting.await_(w, attempt, wait, self.unlock, park_until,
                                        None if token is None else withdraw, verify,
-                                       self._parked(k, deadline, park_until, self._sync_client))
+                                       self._parked(k, deadline, park_until, self._sync_client,
+                                                    None if w.handoff is None
+                                                    else w.handoff.info))
         except BaseException:
             if isinstance(reg, waiters.Note):  # a kind without a hand-off: its record out
                 await asyncio.shield(waiters.aforget(self._client, reg))

@@ -119,17 +119,31 @@ class Parked:
     park's end plus the slack, or the budget's end), taken out by it after the wait ends. The
     waiter never waits on either: its park is the one it always was, and a hand-off to it is
     taken at once however slow the server answers (``client``: a sync client of the lock's
-    server, also for an asyncio waiter)."""
+    server, also for an asyncio waiter). The record itself (``Note``) is made only if it is
+    written: most such parks end long before (a hand-off inside the process)."""
 
-    def __init__(self, client: Any, n: Note) -> None:
-        self.client, self.note = client, n
+    __slots__ = ("client", "_what", "_note", "_state", "_lock")
+
+    def __init__(self, client: Any, n: Note | None = None,
+                 what: tuple[str, float | None, str, str] | None = None) -> None:
+        """``n``, or ``what``: (key, deadline, owner, info) to make it from when written."""
+        self.client, self._note, self._what = client, n, what
         self._state = "new"  # "written", "done"
         self._lock = threading.Lock()
 
+    @property
+    def note(self) -> Note:
+        if self._note is None:
+            assert self._what is not None
+            key, deadline, owner, info = self._what
+            self._note = note(key, deadline, owner=owner, info=info)
+        return self._note
+
     def start(self, end: float) -> None:
         """The wait parks until ``end`` (monotonic) before its first attempt."""
-        if end - time.monotonic() > PARKED_AFTER:
-            _later(time.monotonic() + PARKED_AFTER, lambda: self._write(end))
+        now = time.monotonic()
+        if end - now > PARKED_AFTER:
+            _later(now + PARKED_AFTER, lambda: self._write(end))
 
     def _write(self, end: float) -> None:
         with self._lock:
@@ -229,11 +243,13 @@ class Noting:
         return note(self.key, deadline, owner=k[2], info=self._info(k[2]), bound=self._RECHECK)
 
     def _parked(self, k: tuple[Any, str, str], deadline: float | None, park_until: float,
-                client: Any) -> Parked | None:
-        """The record of a wait that parks before its first attempt (``park_until``)."""
+                client: Any, info: str | None = None) -> Parked | None:
+        """The record of a wait that parks before its first attempt (``park_until``).
+        ``info``: the waiter's holder info, if the caller has it already."""
         if not park_until:
             return None
-        return Parked(client, note(self.key, deadline, owner=k[2], info=self._info(k[2])))
+        return Parked(client, what=(self.key, deadline, k[2],
+                                    self._info(k[2]) if info is None else info))
 
 
 # -- reading (listing) -------------------------------------------------------------------------

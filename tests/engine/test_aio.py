@@ -254,3 +254,31 @@ def test_a_hold_left_by_a_finished_task_is_released(ar, r, caplog):
 
     run(main())
     assert any("finished without unlocking" in rec.getMessage() for rec in caplog.records)
+
+
+def test_a_task_that_locks_in_a_loop_gets_one_done_callback_not_one_per_hold(ar, r, caplog):
+    """The watch for a task that ends holding a lock is one callback per task: one per hold
+    piled up on a long-lived task (a consumer loop) with every hold it ever had. It still
+    releases what the task left held when it ends."""
+
+    async def body(locks):
+        task = asyncio.current_task()
+        before = len(task._callbacks or ())  # (CPython's Future keeps them there)
+        for _ in range(50):
+            for lock in locks:
+                await lock.lock()
+            for lock in locks:
+                await lock.unlock()
+        after = len(task._callbacks or ())
+        await locks[0].lock()  # left held: released when the task ends
+        return after - before
+
+    async def main():
+        locks = [AsyncRLock(ar, "cb-loop-1"), AsyncRLock(ar, "cb-loop-2")]
+        assert await asyncio.ensure_future(body(locks)) == 1
+        await asyncio.sleep(0.2)
+        assert not await locks[0].is_locked()
+        await ar.aclose()
+
+    run(main())
+    assert any("finished without unlocking" in rec.getMessage() for rec in caplog.records)
