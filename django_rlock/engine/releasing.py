@@ -166,6 +166,17 @@ class Release:
     __slots__ = ("k", "hold", "lease_ms", "mgr", "heir", "echo", "args", "sent", "handed",
                  "registered")
 
+    @property
+    def final(self) -> bool:
+        """The hold's last local count: whatever the reply (deleted, still held, not ours, or
+        none: invariant 1), the hold is dropped; ``drop`` may do it before the reply."""
+        return self.hold is not None and self.hold.count <= 1
+
+    def drop(self) -> None:
+        """Drop a final hold (``final``); booking the reply later finds it gone and does not
+        count it twice (``Watchdog.released`` checks the hold's identity)."""
+        watchdog().released(self.k, self.hold, fully=True)
+
     def __init__(self, k: HoldKey, hold: Any, lease_ms: int) -> None:
         self.k = k
         self.hold = hold
