@@ -368,7 +368,7 @@ class LockBase(releasing.Releasing, waiters.Noting, SlotBound):
 
     def _acquired(self, k: HoldKey, lease_ms: int | None, t0: float,
                   thread: threading.Thread | None = None, grant_ms: int | None = None,
-                  since: float | None = None, fresh: Any = None) -> Any:
+                  since: float | None = None) -> Any:
         # Registered before the caller hears of it, so no unlock can run ahead of it.
         # ``since``: when the lease Redis set can have started at the earliest (invariant 31).
         renew = lease_ms is None
@@ -378,8 +378,7 @@ class LockBase(releasing.Releasing, waiters.Noting, SlotBound):
                                    self.watchdog_timeout, self._on_lost, thread=thread,
                                    label=self.label, scripts_keys=self._release_keys,
                                    kind=self._hold_kind, grant_ms=grant_ms, since=since,
-                                   max_hold=self.max_hold, warn_after=self.warn_held_after,
-                                   fresh=fresh)
+                                   max_hold=self.max_hold, warn_after=self.warn_held_after)
         if events.listeners and hold.count == 1:
             events.emit("acquired", name=self.name, key=self.key, label=self.label, owner=k[2],
                         wait=time.monotonic() - t0,

@@ -89,23 +89,17 @@ class RLock(LockBase):
 
     def _acquired(self, k: HoldKey, lease_ms: int | None, t0: float,
                   thread: threading.Thread | None = None, grant_ms: int | None = None,
-                  since: float | None = None, fresh: Any = None) -> Any:
+                  since: float | None = None) -> Any:
         return super()._acquired(k, lease_ms, t0, thread or threading.current_thread(), grant_ms,
-                                 since, fresh)
+                                 since)
 
     def _grant_callback(self, k: HoldKey, lease_ms: int | None,
                         t0: float) -> Callable[..., Any]:
         # A grant runs on the releasing or the listener thread: the hold belongs to the
-        # waiting one (this one). It was made after the wait began, at the earliest. Its hold
-        # is made now, while this thread waits anyway, and booked as it is by the first grant:
-        # the releasing thread's work before it wakes us is shorter by that (invariant 40).
+        # waiting one (this one). It was made after the wait began, at the earliest.
         waiter = threading.current_thread()
-        prepared = [watchdog().prepare(k, self._sync_client, self.name, thread=waiter,
-                                       label=self.label, scripts_keys=self._release_keys,
-                                       kind=self._hold_kind)]
         return lambda grant_ms=None, since=None: self._acquired(
-            k, lease_ms, t0, waiter, grant_ms, t0 if since is None else since,
-            prepared.pop() if prepared else None)
+            k, lease_ms, t0, waiter, grant_ms, t0 if since is None else since)
 
     # -- acquiring ------------------------------------------------------------------------
     def lock(self, lease_time: float | None = None) -> None:

@@ -87,8 +87,7 @@ class Watchdog:
                  thread: threading.Thread | None = None, label: str | None = None,
                  scripts_keys: tuple[Any, ...] = (), kind: HoldKind | None = None,
                  grant_ms: int | None = None, since: float | None = None,
-                 max_hold: float | None = None, warn_after: float | None = None,
-                 fresh: Hold | None = None) -> Hold:
+                 max_hold: float | None = None, warn_after: float | None = None) -> Hold:
         """Record a successful acquire, before the result is handed back to the caller.
 
         ``thread``: the owner thread, watched so its hold is released if it ends holding.
@@ -101,20 +100,21 @@ class Watchdog:
         two must not believe in time it does not have (invariant 31).
         ``max_hold`` / ``warn_after``: the hold's time windows (``windows``), counted from its
         first acquire; a reentry may narrow ``max_hold``, never widen it.
-        ``fresh``: a hold ``prepare``-d for this acquire with the same arguments, used if a new
-        hold is needed (and it was never booked): less work while the caller waits for it.
         """
         now = time.monotonic()
         base = now if since is None else min(since, now)
         with self._lock:
             hold = self._holds.get(k)
             if hold is None or hold.lost or (not hold.renew and now >= hold.expires_at):
-                if (fresh is not None and fresh.count == 0 and fresh.due == 0.0
-                        and fresh.client is client and fresh.owner == k[2]):
-                    hold = fresh
-                else:
-                    hold = self.prepare(k, client, name, thread=thread, label=label,
-                                        scripts_keys=scripts_keys, kind=kind)
+                hold = Hold(client, k[0], k[1], name, k[2])
+                hold.thread = thread
+                hold.label = label
+                hold.scripts_keys = scripts_keys
+                if kind is not None:
+                    hold.renew_script = kind.renew_script
+                    hold.renew_key = kind.renew_key
+                    hold.end_script = kind.end_script
+                    hold.end_args = kind.end_args
                 # Windows count from the acquire's send, the earliest the hold can have begun
                 # (never longer than asked); a grant's ``since`` is when its wait began, long
                 # before it held: from when it is booked.
@@ -165,24 +165,6 @@ class Watchdog:
                 self._sched.schedule(hold, due, slack)
             self._sched.start()
             return hold
-
-    @staticmethod
-    def prepare(k: HoldKey, client: Any, name: str, *, thread: threading.Thread | None = None,
-                label: str | None = None, scripts_keys: tuple[Any, ...] = (),
-                kind: HoldKind | None = None) -> Hold:
-        """A new hold for ``k``, not booked: ``acquired`` books it (``fresh``). A waiter makes
-        its own while it waits, so the thread that hands it the lock books it with less work
-        on the hand-off's path (invariant 40)."""
-        hold = Hold(client, k[0], k[1], name, k[2])
-        hold.thread = thread
-        hold.label = label
-        hold.scripts_keys = scripts_keys
-        if kind is not None:
-            hold.renew_script = kind.renew_script
-            hold.renew_key = kind.renew_key
-            hold.end_script = kind.end_script
-            hold.end_args = kind.end_args
-        return hold
 
     def confirmed(self, k: HoldKey, hold: Hold, sent: float, lease_ms: int) -> None:
         """A round trip sent at ``sent`` found ``hold`` still ours and set ``lease_ms`` on it
