@@ -268,7 +268,10 @@ class RLock(LockBase):
         plan.sent = time.monotonic()
         try:
             if target is None:
-                r = call_once(self._client, self._RELEASE, self._release_keys, plan.args)
+                # A final release drops its hold while the server runs the script (every
+                # outcome drops it): less to do once the reply, or the heir, is waiting.
+                r = call_once(self._client, self._RELEASE, self._release_keys, plan.args, None,
+                              plan.drop if plan.final else None)
             else:
                 r, acked = call_once(self._client, self._RELEASE, self._release_keys, plan.args,
                                      self._wait_args(target))

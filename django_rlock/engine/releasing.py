@@ -51,8 +51,7 @@ class Releasing:
             # The final release: maybe hand off, maybe publish.
             plan.mgr = pubsub.existing_manager(self._sync_client)
             if plan.mgr is not None:
-                plan.heir = plan.mgr.reserve(self._channel, self.key)
-                plan.echo = plan.mgr.expect_echo(self._channel)
+                plan.heir, plan.echo = plan.mgr.reserve_echo(self._channel, self.key)
         args: tuple[Any, ...] = self._release_args(k[2], plan.lease_ms)
         heir = plan.heir
         if heir is not None:
@@ -127,10 +126,14 @@ class Releasing:
         published = token is None and r is not None and r > 0 and self._HANDOFF  # type: ignore[operator]
         mgr, heir = plan.mgr, plan.heir
         orphan = None
+        # An echo counted for a message that never went out: its credit back. With a heir to
+        # settle and no grant to book first, in the same visit under the lock.
+        unecho = plan.echo and not published
         if mgr is not None:
             try:
-                if plan.echo and not published:
+                if unecho and (heir is None or token is not None):
                     mgr.cancel_echo(self._channel)
+                    unecho = False
                 if token is not None:
                     # Granted to a registered waiter: if it is one of ours, it owns the lock
                     # now (its grant message, when it comes, finds it served).
@@ -142,7 +145,7 @@ class Releasing:
                 # takes its place in line.
                 if heir is not None and not mgr.resolve(self._channel, heir, r == -1,
                                                         plan.sent, plan.registered,
-                                                        self._orphaned_entry):
+                                                        self._orphaned_entry, unecho):
                     orphan = heir  # it left before the hand-off settled: release for it
                 if heir is not None and r == -1 and orphan is None:
                     plan.handed = heir
@@ -162,6 +165,17 @@ class Releasing:
 class Release:
     __slots__ = ("k", "hold", "lease_ms", "mgr", "heir", "echo", "args", "sent", "handed",
                  "registered")
+
+    @property
+    def final(self) -> bool:
+        """The hold's last local count: whatever the reply (deleted, still held, not ours, or
+        none: invariant 1), the hold is dropped; ``drop`` may do it before the reply."""
+        return self.hold is not None and self.hold.count <= 1
+
+    def drop(self) -> None:
+        """Drop a final hold (``final``); booking the reply later finds it gone and does not
+        count it twice (``Watchdog.released`` checks the hold's identity)."""
+        watchdog().released(self.k, self.hold, fully=True)
 
     def __init__(self, k: HoldKey, hold: Any, lease_ms: int) -> None:
         self.k = k

@@ -65,12 +65,16 @@ FORCE_UNLOCK_OWNER_SCRIPT = Script(FORCE_UNLOCK_OWNER)
 PRUNE_INDEX_SCRIPT = Script(PRUNE_INDEX)
 
 
-def _send_once(conn: Any, args: tuple[Any, ...], wait: tuple[int, int] | None = None) -> Any:
+def _send_once(conn: Any, args: tuple[Any, ...], wait: tuple[int, int] | None = None,
+               meanwhile: Callable[[], Any] | None = None) -> Any:
     """Send one command (and, with ``wait``, a ``WAIT`` behind it in the same write); read the
-    reply (a pair: reply or error, then acknowledged replicas or error)."""
+    reply (a pair: reply or error, then acknowledged replicas or error). ``meanwhile()`` runs
+    between the write and the read (without ``wait`` only)."""
     try:
         if wait is None:
             conn.send_command(*args)
+            if meanwhile is not None:
+                meanwhile()
             return conn.read_response()
         conn.send_packed_command(conn.pack_commands([args, ("WAIT", *wait)]))
         replies: list[Any] = []
@@ -89,11 +93,12 @@ def _send_once(conn: Any, args: tuple[Any, ...], wait: tuple[int, int] | None = 
 
 
 def _call_on(conn: Any, script: Script, keys: tuple[Any, ...], args: tuple[Any, ...],
-             wait: tuple[int, int] | None = None, asking: bool = False) -> Any:
+             wait: tuple[int, int] | None = None, asking: bool = False,
+             meanwhile: Callable[[], Any] | None = None) -> Any:
     try:
         if asking:  # an ASK redirection: it covers the one command that follows
             _send_once(conn, ("ASKING",))
-        out = _send_once(conn, ("EVALSHA", script.sha, len(keys), *keys, *args), wait)
+        out = _send_once(conn, ("EVALSHA", script.sha, len(keys), *keys, *args), wait, meanwhile)
         if wait is not None and isinstance(out[0], NoScriptError):
             raise out[0]
     except NoScriptError:
@@ -107,12 +112,13 @@ def _call_on(conn: Any, script: Script, keys: tuple[Any, ...], args: tuple[Any, 
 
 
 def _call_once(client: Any, script: Script, keys: tuple[Any, ...], args: tuple[Any, ...],
-               wait: tuple[int, int] | None = None, asking: bool = False) -> Any:
+               wait: tuple[int, int] | None = None, asking: bool = False,
+               meanwhile: Callable[[], Any] | None = None) -> Any:
     script = script.on(client)
     conn = getattr(client, "connection", None)
     if conn is not None:  # single_connection_client=True
         with client.single_connection_lock:
-            return _call_on(conn, script, keys, args, wait, asking)
+            return _call_on(conn, script, keys, args, wait, asking, meanwhile)
     pool = client.connection_pool
     own = own_connection(pool)
     if own is not None and own.busy:
@@ -125,12 +131,12 @@ def _call_once(client: Any, script: Script, keys: tuple[Any, ...], args: tuple[A
         raise _NotSent(exc) from exc  # on a cluster node: maybe its slot has a new master
     if own is None:
         try:
-            return _call_on(conn, script, keys, args, wait, asking)
+            return _call_on(conn, script, keys, args, wait, asking, meanwhile)
         finally:
             pool.release(conn)
     own.busy = True
     try:
-        return _call_on(conn, script, keys, args, wait, asking)
+        return _call_on(conn, script, keys, args, wait, asking, meanwhile)
     finally:
         own.busy = False
         own.used = time.monotonic()
@@ -149,7 +155,8 @@ REDIRECT_BACKOFF = (0.02, 0.05, 0.1, 0.2, 0.4, 0.8, 1.2, 1.2, 1.2)
 
 
 def call_once(client: Any, script: Script, keys: tuple[Any, ...], args: tuple[Any, ...],
-              wait: tuple[int, int] | None = None) -> Any:
+              wait: tuple[int, int] | None = None,
+              meanwhile: Callable[[], Any] | None = None) -> Any:
     """Run ``script`` exactly once on ``client`` (a redis-py ``Redis``); never retry.
 
     ``wait=(replicas, timeout_ms)`` sends ``WAIT`` behind it in the same round trip and returns
@@ -159,17 +166,23 @@ def call_once(client: Any, script: Script, keys: tuple[Any, ...], args: tuple[An
     (MOVED, ASK, TRYAGAIN, CLUSTERDOWN), or no connection to be had at all, sends it where the
     slot is now; a connection lost after the send is still raised (the script may have run),
     but the slot map is refreshed for the next call.
+
+    ``meanwhile()`` (without ``wait``): work that needs no reply, run once the command is
+    written and before its reply is read, while the server runs the script (at most once: not
+    again for a NOSCRIPT or a redirection's second send). It must not raise.
     """
-    return _following(client, script, keys, args, wait)
+    return _following(client, script, keys, args, wait, None, meanwhile)
 
 
 def _following(client: Any, script: Script, keys: tuple[Any, ...], args: tuple[Any, ...],
-               wait: tuple[int, int] | None, send: Callable[[], Any] | None = None) -> Any:
+               wait: tuple[int, int] | None, send: Callable[[], Any] | None = None,
+               meanwhile: Callable[[], Any] | None = None) -> Any:
     """``send()`` (default: ``_call_once``, on the hot path without a closure); on a cluster
     node, send again where the slot is now if the server said nothing ran, and refresh the
     slot map after a lost connection."""
     try:
-        return send() if send is not None else _call_once(client, script, keys, args, wait)
+        return send() if send is not None else _call_once(client, script, keys, args, wait,
+                                                          False, meanwhile)
     except (*_NOT_RUN, _NotSent) as exc:
         cluster = cluster_of(client)
         if cluster is None:

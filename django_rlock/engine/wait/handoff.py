@@ -58,20 +58,38 @@ class HandOffs:
         hand-off)."""
         with self.channels.lock:
             ch = self.channels.get(channel)
-            if ch is None or not ch.queue or ch.active or not heard(ch):
+            if ch is None or not heard(ch):
                 return None
-            w = ch.queue[0]
-            # Not while its own acquire is in flight (invariant 2); not for another key of the
-            # channel ({K} and K share it); not for a waiter of another kind (no owner: e.g. a
-            # FencedLock, whose acquire must run its own script, invariant 17); not for one in
-            # the hand-off queue in Redis (registered: the release script finds it in its turn).
-            if (w.state is not State.QUEUED or w.key != key or not w.owner or w.registered):
-                return None
-            ch.queue.popleft()
-            ch.active += 1
-            w.move(State.RESERVED)
-            self._reserved[w] = (channel, time.monotonic())
-            return w
+            return self._reserve(ch, key)
+
+    def reserve_echo(self, channel: bytes, key: str,
+                     heard: Callable[[Channel], bool]) -> tuple[Waiter | None, bool]:
+        """``reserve``, and count the release's message as an echo to come (invariant 3,
+        ``PubSubManager.expect_echo``), in one visit under the lock: a final release's only
+        one before its send. Returns (heir or None, whether an echo was counted)."""
+        with self.channels.lock:
+            ch = self.channels.get(channel)
+            if ch is None or not heard(ch):
+                return None, False
+            ch.echoes += 1
+            return self._reserve(ch, key), True
+
+    def _reserve(self, ch: Channel, key: str) -> Waiter | None:
+        """Under the lock, ``ch`` heard: its first waiter, reserved, if it may be handed the lock."""
+        if not ch.queue or ch.active:
+            return None
+        w = ch.queue[0]
+        # Not while its own acquire is in flight (invariant 2); not for another key of the
+        # channel ({K} and K share it); not for a waiter of another kind (no owner: e.g. a
+        # FencedLock, whose acquire must run its own script, invariant 17); not for one in
+        # the hand-off queue in Redis (registered: the release script finds it in its turn).
+        if (w.state is not State.QUEUED or w.key != key or not w.owner or w.registered):
+            return None
+        ch.queue.popleft()
+        ch.active += 1
+        w.move(State.RESERVED)
+        self._reserved[w] = (ch.name, time.monotonic())
+        return w
 
     def detach_overdue(self, now: float) -> None:
         """Under the lock (housekeeping): a hand-off whose outcome has not come within
@@ -104,15 +122,22 @@ class HandOffs:
 
     def resolve(self, channel: bytes, w: Waiter, granted: bool,
                 since: float | None = None, registered: bool = False,
-                orphaned: Callable[[bytes, float | None], Any] | None = None) -> bool:
+                orphaned: Callable[[bytes, float | None], Any] | None = None,
+                unecho: bool = False) -> bool:
         """Settle a reservation. Returns False if the waiter left meanwhile (the caller must
         then release the lock on its behalf). ``since``: when the release was sent.
         ``registered``: the release put the waiter in line in Redis instead (it granted the
         lock to someone else, invariant 44); the waiter stays parked at the head of our queue
         and now withdraws when it gives up. If it is gone, ``orphaned(token, deadline)`` takes
-        its entry out."""
+        its entry out. ``unecho``: the release counted an echo and published nothing; its
+        credit is taken back first, in the same visit (``PubSubManager.cancel_echo``)."""
         with self.channels.lock:
             ch = self.channels.get(channel)
+            if unecho and ch is not None:
+                if ch.echoes > 0:
+                    ch.echoes -= 1
+                else:
+                    ch.wake_one()  # a message used the credit: it was someone's wake-up
             self._reserved.pop(w, None)
             raced = w in self._raced
             raced_since = self._raced.pop(w, None)

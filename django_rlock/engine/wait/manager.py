@@ -132,12 +132,18 @@ class PubSubManager:
         """Pick this process's first waiter for a direct hand-off (invariant 5)."""
         return self.handoffs.reserve(channel, key, self.subscription.heard)
 
+    def reserve_echo(self, channel: bytes, key: str) -> tuple[Waiter | None, bool]:
+        """``reserve`` and ``expect_echo`` in one visit under the lock (a final release)."""
+        return self.handoffs.reserve_echo(channel, key, self.subscription.heard)
+
     def resolve(self, channel: bytes, w: Waiter, granted: bool,
                 since: float | None = None, registered: bool = False,
-                orphaned: Callable[[bytes, float | None], Any] | None = None) -> bool:
+                orphaned: Callable[[bytes, float | None], Any] | None = None,
+                unecho: bool = False) -> bool:
         """Settle a reservation; False: the heir left meanwhile, release for it.
-        ``registered``: the release put the heir in line instead (``HandOffs.resolve``)."""
-        return self.handoffs.resolve(channel, w, granted, since, registered, orphaned)
+        ``registered``: the release put the heir in line instead; ``unecho``: take back the
+        release's echo credit in the same visit (``HandOffs.resolve``)."""
+        return self.handoffs.resolve(channel, w, granted, since, registered, orphaned, unecho)
 
     def hand_over(self, heir: Waiter) -> None:
         """A sync release handed the lock to ``heir``: let it run first (bounded)."""
