@@ -1,13 +1,12 @@
-"""An event loop's own reader of this process's grant channels on one server (invariants 44, 45).
+"""An event loop's own reader of this process's grant channels on one server (invariant 44).
 
 A grant to an asyncio waiter (a token ending in ``PROCESS_TOKEN_MARK``) is published on the
 process's own channel for the lock, ``<grant channel>@<process uuid>``. Read by the listener
 thread, each grant cost a thread wake-up, the thread's parse and a hop into the waiter's loop
-(``call_soon_threadsafe``: the self-pipe and one more wake-up); the listener thread was about a
-fifth of a contender's CPU with 4 processes x 16 tasks on one lock (``bench/aiolocks.py``), and
-reading on the loop takes about half of that back (the booking stays). Here the loop reads those
-channels itself, on a connection of its own: one socket callback parses the message and books
-the grant, and the waiter's task runs at the loop's next step.
+(``call_soon_threadsafe``: the self-pipe and one more wake-up): about a fifth of the client
+CPU of a contended asyncio acquisition (4 processes x 16 tasks, ``bench/aiolocks.py``). Here
+the loop reads those channels itself, on a connection of its own: one socket callback parses
+the message and books the grant, and the waiter's task runs in the same turn of the loop.
 
 One reader per (server, event loop) in use, made on the first contended asyncio wait there.
 It carries the process grant channels only; the lock and grant channels stay on the process's
