@@ -7,9 +7,7 @@ it to the channel's waiters (``Channel.heard``) or to the hand-off bookkeeping (
 a reconnect every waiter is woken, since messages may have been missed (invariant 4); no waiter
 relies on a message alone, since each park is bounded. Once a second the listener does its
 housekeeping: overdue hand-offs (invariant 12), lingering unsubscribes (``LINGER``), a PING on a
-quiet line, and following a Sentinel pool's new master. The process's own grant channels
-(invariant 44) are read by each event loop's reader instead where the client allows it
-(``aioreader``, invariant 45), and closed readers are shut here.
+quiet line, and following a Sentinel pool's new master.
 """
 
 from __future__ import annotations
@@ -23,7 +21,7 @@ from typing import Any
 from redis.crc import key_slot
 
 from .. import identity
-from ..clients import cluster_of, sharded
+from ..clients import sharded
 from . import aioreader, settings
 from .channel import Channel, Channels
 from .handoff import HandOffs
@@ -64,10 +62,8 @@ class Subscription:
         #: Reconnections so far (read by tests).
         self.reconnects = 0
         #: The process grant channels are read by each event loop's own reader
-        #: (``aioreader``, invariant 45), not subscribed here. Not on a cluster node: its
-        #: asyncio waiters never register for them (invariant 44), as before.
-        self.by_readers = (not self._sharded and cluster_of(client) is None
-                           and aioreader.supported(client))
+        #: (``aioreader``, invariant 44), not subscribed here.
+        self.by_readers = not self._sharded and aioreader.supported(client)
         self._readers: dict[asyncio.AbstractEventLoop, aioreader.Reader] = {}
 
     def _names(self, ch: Channel) -> tuple[bytes, ...]:
@@ -136,7 +132,7 @@ class Subscription:
             self._subscribe(ch)
         if loop is not None and ch.direct is not None and self.by_readers:
             # Its loop's reader subscribes our process channel now: the task's next wait can
-            # be granted there (invariant 45).
+            # be granted there (invariant 44).
             self._reader(loop).heard(ch.direct)
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="django-rlock-pubsub",
@@ -329,7 +325,7 @@ class Subscription:
             self._handoffs.detach_overdue(now)
             for loop in [lp for lp in self._readers if lp.is_closed()]:
                 # Its waiters are gone with it: close its connection, so a release finds
-                # nobody on its channels and skips them (invariant 45).
+                # nobody on its channels and skips them (invariant 44).
                 self._readers.pop(loop).shut()
             if not self.connected:
                 return
