@@ -37,7 +37,6 @@ from .scripts import (
     shielded_task,
 )
 from .wait import loop as waiting
-from .wait.manager import existing_manager
 from .watchdog import server_id, watchdog
 
 logger = logging.getLogger("django_rlock")
@@ -323,13 +322,6 @@ class AsyncRLock(LockBase):
                 # holder's lease ends) instead of asking again.
                 park_until = time.monotonic() + (waiting.park_timeout(ttl, deadline) or 3600.0)
         return await self._wait(k, lease_ms, wait, park_until, t0, token, registered, deadline)
-
-    def _grants_heard(self) -> bool:
-        """And a grant on our process channel would reach this loop (invariant 45)."""
-        if (mgr := existing_manager(self._sync_client)) is None or self._cluster is not None:
-            return mgr is not None and mgr.grants_heard(self._channel)
-        ch = mgr.channel(self._channel)
-        return ch is not None and mgr.subscription.direct_heard(ch, asyncio.get_running_loop())
 
     def _wait_token(self, field: str, heard: bool) -> str:
         """A wait's token. Once this process's subscription to the lock's channels is

@@ -60,7 +60,7 @@ class PubSubManager:
             elif wakes is not None:
                 ch.wakes = wakes
             ch.join(w)
-            self.subscription.add(ch, None if handoff is None else handoff.grant, loop)
+            self.subscription.add(ch, None if handoff is None else handoff.grant)
             if w.token is not None:
                 self.handoffs.join(ch, w)  # (granted already if its grant came first)
         return Slot(channels, ch, self.handoffs, w)

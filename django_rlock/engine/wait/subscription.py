@@ -12,7 +12,6 @@ quiet line, and following a Sentinel pool's new master.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 import time
@@ -22,7 +21,7 @@ from redis.crc import key_slot
 
 from .. import identity
 from ..clients import sharded
-from . import aioreader, settings
+from . import settings
 from .channel import Channel, Channels
 from .handoff import HandOffs
 
@@ -61,66 +60,14 @@ class Subscription:
         self._ping_at = 0.0  # when a PING went out that no reply has followed yet
         #: Reconnections so far (read by tests).
         self.reconnects = 0
-        #: The process grant channels are read by each event loop's own reader
-        #: (``aioreader``, invariant 44), not subscribed here.
-        self.by_readers = not self._sharded and aioreader.supported(client)
-        self._readers: dict[asyncio.AbstractEventLoop, aioreader.Reader] = {}
-
-    def _names(self, ch: Channel) -> tuple[bytes, ...]:
-        """What this connection subscribes for ``ch`` (in one command: one slot)."""
-        if ch.grant is None or ch.direct is None:
-            return (ch.name,)
-        if self.by_readers:
-            return (ch.name, ch.grant)
-        return (ch.name, ch.grant, ch.direct)
-
-    # -- the process grant channels, read by each event loop (``aioreader``) -----------------
-    def direct_heard(self, ch: Channel, loop: asyncio.AbstractEventLoop) -> bool:
-        """(On ``loop``.) A grant published now on our process channel for ``ch`` would reach
-        ``loop``'s waiters; if not, the reader is asked to subscribe it."""
-        if ch.direct is None or not self.heard(ch):
-            return False
-        if not self.by_readers:
-            return True  # on our connection, with the lock's other channels
-        reader = self._readers.get(loop)
-        if reader is None:
-            with self._channels.lock:
-                reader = self._reader(loop)
-        return reader.heard(ch.direct)
-
-    def _reader(self, loop: asyncio.AbstractEventLoop) -> aioreader.Reader:
-        """Under the lock: ``loop``'s reader, made on first use."""
-        reader = self._readers.get(loop)
-        if reader is None:
-            db = self._client.connection_pool.connection_kwargs.get("db", 0)
-            reader = self._readers[loop] = aioreader.Reader(
-                self._client, loop, self._read_grant, f"{subscriber_name(db)}:aio",
-                self._read_lost, self._channels.by_grant.__contains__)
-        return reader
-
-    def _read_grant(self, name: bytes, token: bytes) -> None:
-        """A reader read a grant on our process channel ``name``."""
-        ch = self._channels.by_grant.get(name)  # (``granted`` takes the lock)
-        if ch is not None:
-            self._handoffs.granted(ch.name, token)
-
-    def _read_lost(self, names: set[bytes]) -> None:
-        """A reader's connection dropped: grants on ``names`` may have reached nobody (their
-        waiters skipped in line), so those channels' waiters attempt again (invariant 4)."""
-        with self._channels.lock:
-            for ch in self._channels.by_name.values():
-                if ch.direct in names:
-                    ch.wake_all()
 
     def heard(self, ch: Channel) -> bool:
         """A message on ``ch`` published now would reach us."""
         return self.connected and ch.confirmed.is_set()
 
-    def add(self, ch: Channel, grant: bytes | None,
-            loop: asyncio.AbstractEventLoop | None = None) -> None:
+    def add(self, ch: Channel, grant: bytes | None) -> None:
         """Under the lock: a waiter joined ``ch`` (``grant``: its grant channel, if it can be
-        granted the lock by any process; ``loop``: an asyncio task of that loop, on it):
-        subscribe what is not yet, start the listener."""
+        granted the lock by any process): subscribe what is not yet, start the listener."""
         if grant is not None and ch.grant is None:
             ch.grant = grant
             ch.direct = grant + b"@" + self._process
@@ -130,10 +77,6 @@ class Subscription:
                 self._subscribe_grant(ch)
         if ch.want == 0 or not self.connected:
             self._subscribe(ch)
-        if loop is not None and ch.direct is not None and self.by_readers:
-            # Its loop's reader subscribes our process channel now: the task's next wait can
-            # be granted there (invariant 44).
-            self._reader(loop).heard(ch.direct)
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="django-rlock-pubsub",
                                             daemon=True)
@@ -146,7 +89,7 @@ class Subscription:
         # One SUBSCRIBE for the channel and its grant channel: a release script's NUMSUB
         # then never sees one of ours on the first but not yet on the second (a "foreign"
         # waiter, which makes it free the lock instead of granting it, invariant 21).
-        names = self._names(ch)
+        names = (ch.name,) if ch.grant is None else (ch.name, ch.grant, ch.direct)
         try:
             self._conn.send_command(self._sub, *names, check_health=False)  # one slot
         except Exception:
@@ -161,8 +104,7 @@ class Subscription:
     def _sent_grant(self, ch: Channel) -> None:
         assert ch.grant is not None and ch.direct is not None
         ch.grant_want = self._sent[ch.grant] = self._sent.get(ch.grant, 0) + 1
-        if not self.by_readers:
-            ch.direct_want = self._sent[ch.direct] = self._sent.get(ch.direct, 0) + 1
+        ch.direct_want = self._sent[ch.direct] = self._sent.get(ch.direct, 0) + 1
 
     def _subscribe_grant(self, ch: Channel) -> None:
         """The channel is subscribed already (a waiter of a kind without hand-off came first):
@@ -171,7 +113,7 @@ class Subscription:
         if not self.connected:
             return
         try:
-            self._conn.send_command(self._sub, *self._names(ch)[1:], check_health=False)
+            self._conn.send_command(self._sub, ch.grant, ch.direct, check_health=False)
         except Exception:
             self._lost()
             return
@@ -220,9 +162,10 @@ class Subscription:
                 ch.confirmed.clear()
                 ch.want = 1
                 ch.echoes = 0
-                names += self._names(ch)
+                names.append(ch.name)
                 if ch.grant is not None and ch.direct is not None:
                     ch.grant_want = ch.direct_want = 1
+                    names += (ch.grant, ch.direct)
             if names:
                 self._send(self._sub, names)
                 for name in names:
@@ -302,8 +245,7 @@ class Subscription:
                 if ch is not None and self._acked.get(ch.name, 0) >= ch.want and (
                         ch.grant is None or ch.direct is None
                         or (self._acked.get(ch.grant, 0) >= ch.grant_want
-                            and (self.by_readers
-                                 or self._acked.get(ch.direct, 0) >= ch.direct_want))):
+                            and self._acked.get(ch.direct, 0) >= ch.direct_want)):
                     ch.set_confirmed()
             elif (kind == b"unsubscribe" and name not in channels.by_name
                   and name not in channels.by_grant
@@ -323,10 +265,6 @@ class Subscription:
     def _housekeeping(self, now: float) -> None:
         with self._channels.lock:
             self._handoffs.detach_overdue(now)
-            for loop in [lp for lp in self._readers if lp.is_closed()]:
-                # Its waiters are gone with it: close its connection, so a release finds
-                # nobody on its channels and skips them (invariant 44).
-                self._readers.pop(loop).shut()
             if not self.connected:
                 return
             # A Sentinel pool that found a new master (a switchover leaves the old one up, and
@@ -352,10 +290,11 @@ class Subscription:
             names = []
             for ch in idle:
                 del by_name[ch.name]
-                names += self._names(ch)
+                names.append(ch.name)
                 if ch.grant is not None and ch.direct is not None:
                     self._channels.by_grant.pop(ch.grant, None)
                     self._channels.by_grant.pop(ch.direct, None)
+                    names += (ch.grant, ch.direct)
             try:
                 if idle:
                     self._send(self._unsub, names)
