@@ -28,14 +28,7 @@ from .kinds import Kind, declare
 from .lock import HoldKey, LockBase, RLock, log_masked_release, ttl_seconds
 from .lua import Script
 from .naming import PROCESS_TOKEN_MARK, UNLOCK_MESSAGE
-from .scripts import (
-    RELEASE_SCRIPT,
-    RENEW_SCRIPT,
-    Cut,
-    acall_once,
-    ashielded,
-    shielded_task,
-)
+from .scripts import RELEASE_SCRIPT, RENEW_SCRIPT, Cut, acall_once, ashielded, shielded_task
 from .wait import loop as waiting
 from .watchdog import server_id, watchdog
 
@@ -55,7 +48,19 @@ def _task_ended(task: asyncio.Future[Any]) -> None:
     with _watched_lock:
         held = _watched.pop(task, None)
     for k, (lock, hold) in (held or {}).items():
-        lock._task_done(k, hold)
+        try:  # one that fails must not keep the others held forever
+            lock._task_done(k, hold)
+        except Exception:
+            logger.exception("django-rlock: releasing %r after its task ended failed", lock.name)
+
+
+def _unwatch(k: HoldKey, hold: Any) -> None:
+    """The calling task's hold ended: a long-lived task must not keep every lock it took."""
+    task = identity.acting_task()
+    with _watched_lock:
+        held = _watched.get(task) if task is not None else None
+        if held is not None and held.get(k, (None, None))[1] is hold:
+            del held[k]
 
 
 class AsyncRLock(LockBase):
@@ -417,6 +422,8 @@ class AsyncRLock(LockBase):
             self._release_failed(plan)
             raise
         orphan = self._release_done(plan, r)
+        if plan.hold is not None and watchdog().get(plan.k) is not plan.hold:
+            _unwatch(plan.k, plan.hold)
         if orphan is not None:
             await acall_once(self._client, RELEASE_SCRIPT, self._release_keys,
                              (orphan.owner, orphan.lease_ms, UNLOCK_MESSAGE))

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import re
 import time
+import weakref
 
 import pytest
 import redis.asyncio
@@ -282,3 +284,23 @@ def test_a_task_that_locks_in_a_loop_gets_one_done_callback_not_one_per_hold(ar,
 
     run(main())
     assert any("finished without unlocking" in rec.getMessage() for rec in caplog.records)
+
+
+def test_a_long_lived_task_keeps_nothing_of_the_distinct_locks_it_released(ar):
+    """A consumer task that takes and releases many distinct locks: once a hold ends, nothing
+    of it (nor its lock object) stays referenced until the task ends."""
+
+    async def main():
+        refs = []
+        for i in range(20):
+            lock = AsyncRLock(ar, f"distinct-{i}")
+            await lock.lock()
+            await lock.unlock()
+            refs.append(weakref.ref(lock))
+            del lock
+        gc.collect()
+        alive = sum(ref() is not None for ref in refs)
+        await ar.aclose()
+        return alive
+
+    assert run(main()) == 0
