@@ -24,6 +24,7 @@ from django_rlock.engine.naming import (
     handoff_waiters,
     process_grant_channel,
 )
+from django_rlock.engine.scripts import RELEASE_SCRIPT
 from django_rlock.engine.wait import settings
 from django_rlock.engine.wait.channel import Channel, Channels
 from django_rlock.engine.wait.handoff import HandOffs
@@ -254,3 +255,55 @@ def test_a_waiter_parked_before_any_attempt_looks_again_within_a_grant_lease(
         await ac.aclose()
 
     asyncio.run(main())
+
+
+def test_a_grant_to_a_waiter_whose_loop_closed_wakes_another_waiter_when_it_lapses(
+        r, redis_server, monkeypatch):
+    """A loop closed under its waiter (its task never resumed, never withdrawn) and granted
+    the lock by another process's release: nobody can take that grant, and its short lease
+    ends unannounced. Another waiter of the process, on a live loop, asks again just after it
+    (invariant 23), not at its own park bound (the old holder's 30 s here)."""
+    monkeypatch.setattr(settings, "GRANT_LEASE", 0.5)
+    monkeypatch.setattr(settings, "GRANT_WATCH", 0.6)
+    name, other = "xaclosed", "another-process:7"
+    key = AsyncRLock(r, name).key
+    r.hset(key, other, 1)
+    r.pexpire(key, 30_000)
+    loop_a = asyncio.new_event_loop()
+    ac_a = aredis.Redis(unix_socket_path=redis_server.socket)
+    lock_a = AsyncRLock(ac_a, name, sync_client=r)
+
+    async def a_in_line() -> None:
+        assert not await lock_a.try_lock(0.3)  # (its process's subscription is confirmed)
+        loop_a.create_task(lock_a.lock())
+        while in_line(r, name) < 1:
+            await asyncio.sleep(0.01)
+
+    loop_a.run_until_complete(a_in_line())
+    first = [t for t in r.hkeys(handoff_waiters(key)) if b"#" in t and not t.startswith(b"=")]
+    assert len(first) == 1 and first[0].endswith(PROCESS_TOKEN_MARK.encode())
+    out: dict[str, object] = {}
+
+    async def b() -> None:
+        ac = aredis.Redis(unix_socket_path=redis_server.socket)
+        lock = AsyncRLock(ac, name, sync_client=r)
+
+        async def take() -> None:
+            await lock.lock()
+            out["waited"] = time.monotonic() - t0
+            await lock.unlock()
+
+        task = asyncio.ensure_future(take())
+        while in_line(r, name) < 2:
+            await asyncio.sleep(0.01)
+        loop_a.close()  # A's waiter is gone with its loop, still first in line
+        keys = lock._release_keys  # another process's release of its hold
+        t0 = time.monotonic()
+        out["granted"] = r.evalsha(r.script_load(RELEASE_SCRIPT.source), len(keys), *keys,
+                                   other, 30_000, "0", "", 0, 0, "", "", "another-process")
+        await asyncio.wait_for(task, 40)
+        await ac.aclose()
+
+    asyncio.run(b())
+    assert out["granted"] == first[0]  # the grant went to the closed loop's waiter
+    assert out["waited"] < 5.0, out  # the grant's lease (0.5 s), then a look: not ~30 s

@@ -290,9 +290,7 @@ class HandOffs:
                     # Another process's waiter: if it died before it could take the lock, its
                     # grant expires unannounced; one of ours re-checks just after that
                     # (invariant 23).
-                    ch.grant_watch = now + settings.GRANT_WATCH
-                    if not self.next_watch or ch.grant_watch < self.next_watch:
-                        self.next_watch = ch.grant_watch
+                    self._watch_grant(ch, now)
                 return None
             ch.grant_watch = 0.0
             if w.state is State.RESERVED:
@@ -305,7 +303,16 @@ class HandOffs:
             if self.take_grant(ch, w, w.handoff.grant_ms if w.handoff else None, since,
                                by_release):
                 return w
+            # Ours, but gone with its event loop: as for a dead heir elsewhere (invariant 23).
+            self._watch_grant(ch, now)
             return None
+
+    def _watch_grant(self, ch: Channel, now: float) -> None:
+        """Under the lock: a grant went to a waiter that may never take it; its short lease
+        then ends unannounced, and one of our waiters on ``ch`` asks just after."""
+        ch.grant_watch = now + settings.GRANT_WATCH
+        if not self.next_watch or ch.grant_watch < self.next_watch:
+            self.next_watch = ch.grant_watch
 
     def prune_early(self, now: float) -> None:
         """Under the lock (housekeeping): drop early grants nobody came for."""
