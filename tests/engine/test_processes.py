@@ -98,3 +98,40 @@ def test_a_forked_child_is_a_new_owner(r, redis_server):
     # The parent still holds its lock, renewed by its own watchdog past the 1.5 s lease.
     assert parent_lock.hold_count() == 1 and r.pttl("parent") > 0
     parent_lock.unlock()
+
+
+_FORKS_AND_DIES = """
+import os, sys, time
+import redis
+from django_rlock import RLock
+c = redis.Redis(unix_socket_path=sys.argv[1])
+assert not RLock(c, "forked-sub").try_lock(wait_time=0.3)  # (its subscription is made)
+pid = os.fork()
+if pid == 0:
+    time.sleep(30)  # a worker that outlives its parent
+    os._exit(0)
+print(pid, flush=True)
+os._exit(0)  # the parent dies without closing anything
+"""
+
+
+def test_a_subscription_does_not_outlive_its_process_in_a_forked_child(r, redis_server):
+    """A release skips a waiter whose process is gone because its subscription went with it
+    (invariants 25, 44). A child forked by that process inherits the subscription's socket:
+    it must close its copy, or the dead parent's waiters would look alive for as long as the
+    child lives."""
+    r.hset("forked-sub", "another-process:1", 1)
+    r.pexpire("forked-sub", 30_000)
+    parent = subprocess.Popen([sys.executable, "-c", _FORKS_AND_DIES, redis_server.socket],
+                              cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    try:
+        assert parent.wait(timeout=30) == 0
+        deadline = time.monotonic() + 5
+        while any(c.get("name", "").startswith("rlock-pubsub:") for c in r.client_list()):
+            assert time.monotonic() < deadline, "the dead parent's subscription is still there"
+            time.sleep(0.05)
+        os.kill(child, 0)  # (the child is still alive: it was not the child's exit)
+    finally:
+        os.kill(child, signal.SIGKILL)

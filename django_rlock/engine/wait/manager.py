@@ -165,9 +165,17 @@ class _Managers:
         self.lock = threading.Lock()
 
 
+def _forked(old: _Managers) -> None:
+    # The parent's subscription sockets, inherited: the child closes its copies (a server
+    # counts a subscriber while any process keeps its socket open, so a dead parent's waiters
+    # would still look alive to the release script: invariants 25, 44).
+    for mgr in old.by_server.values():
+        mgr.subscription.abandon()
+
+
 #: This process's managers (none in a forked child: the parent's listener threads do not exist
 #: there, and their sockets are the parent's).
-_state = process.local(_Managers)
+_state = process.local(_Managers, _forked)
 
 
 def manager(client: Any) -> PubSubManager:

@@ -61,6 +61,14 @@ class Subscription:
         #: Reconnections so far (read by tests).
         self.reconnects = 0
 
+    def abandon(self) -> None:
+        """In a forked child: the connection is the parent's. Close the child's copy of its
+        socket (redis-py shuts a socket down only in the process that made it), so the
+        subscription does not outlive its process in the child (invariants 25, 44)."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.disconnect()
+
     def heard(self, ch: Channel) -> bool:
         """A message on ``ch`` published now would reach us."""
         return self.connected and ch.confirmed.is_set()
