@@ -105,7 +105,8 @@ import os, sys, time
 import redis
 from django_rlock import RLock
 c = redis.Redis(unix_socket_path=sys.argv[1])
-assert not RLock(c, "forked-sub").try_lock(wait_time=0.3)  # (its subscription is made)
+for _ in range(2):  # (its subscription is made, then its thread's wake line)
+    assert not RLock(c, "forked-sub").try_lock(wait_time=0.3)
 pid = os.fork()
 if pid == 0:
     time.sleep(30)  # a worker that outlives its parent
@@ -116,10 +117,10 @@ os._exit(0)  # the parent dies without closing anything
 
 
 def test_a_subscription_does_not_outlive_its_process_in_a_forked_child(r, redis_server):
-    """A release skips a waiter whose process is gone because its subscription went with it
-    (invariants 25, 44). A child forked by that process inherits the subscription's socket:
-    it must close its copy, or the dead parent's waiters would look alive for as long as the
-    child lives."""
+    """A release skips a waiter whose process is gone because its subscription (and its
+    threads' wake lines) went with it (invariants 25, 44). A child forked by that process
+    inherits their sockets: it must close its copies, or the dead parent's waiters would look
+    alive for as long as the child lives."""
     r.hset("forked-sub", "another-process:1", 1)
     r.pexpire("forked-sub", 30_000)
     parent = subprocess.Popen([sys.executable, "-c", _FORKS_AND_DIES, redis_server.socket],
@@ -129,8 +130,9 @@ def test_a_subscription_does_not_outlive_its_process_in_a_forked_child(r, redis_
     try:
         assert parent.wait(timeout=30) == 0
         deadline = time.monotonic() + 5
-        while any(c.get("name", "").startswith("rlock-pubsub:") for c in r.client_list()):
-            assert time.monotonic() < deadline, "the dead parent's subscription is still there"
+        while subs := [c["name"] for c in r.client_list()
+                       if c.get("name", "").startswith(("rlock-pubsub:", "rlock-wake:"))]:
+            assert time.monotonic() < deadline, f"the dead parent's {subs} are still there"
             time.sleep(0.05)
         os.kill(child, 0)  # (the child is still alive: it was not the child's exit)
     finally:
