@@ -111,7 +111,8 @@ pid = os.fork()
 if pid == 0:
     time.sleep(30)  # a worker that outlives its parent
     os._exit(0)
-print(pid, flush=True)
+from django_rlock.engine import identity
+print(pid, identity.process_id(), flush=True)
 os._exit(0)  # the parent dies without closing anything
 """
 
@@ -126,12 +127,14 @@ def test_a_subscription_does_not_outlive_its_process_in_a_forked_child(r, redis_
     parent = subprocess.Popen([sys.executable, "-c", _FORKS_AND_DIES, redis_server.socket],
                               cwd=ROOT, stdout=subprocess.PIPE, text=True)
     assert parent.stdout is not None
-    child = int(parent.stdout.readline())
+    pid, uuid = parent.stdout.readline().split()
+    child = int(pid)
     try:
         assert parent.wait(timeout=30) == 0
         deadline = time.monotonic() + 5
-        while subs := [c["name"] for c in r.client_list()
-                       if c.get("name", "").startswith(("rlock-pubsub:", "rlock-wake:"))]:
+        while subs := [c["name"] for c in r.client_list()  # (not this process's own)
+                       if c.get("name", "").startswith((f"rlock-pubsub:{uuid}",
+                                                        f"rlock-wake:{uuid}"))]:
             assert time.monotonic() < deadline, f"the dead parent's {subs} are still there"
             time.sleep(0.05)
         os.kill(child, 0)  # (the child is still alive: it was not the child's exit)
