@@ -96,6 +96,15 @@ class Channel:
         self.active -= 1
         return False
 
+    def unecho(self) -> None:
+        """Under the lock: a release counted in ``echoes`` published nothing. If a message
+        already used up its credit, that message was someone else's wake-up: pass it on
+        (invariant 3)."""
+        if self.echoes > 0:
+            self.echoes -= 1
+        else:
+            self.wake_one()
+
     def wake_one(self) -> None:
         if self.active > 0:
             self.pending = True

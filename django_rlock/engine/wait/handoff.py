@@ -134,10 +134,7 @@ class HandOffs:
         with self.channels.lock:
             ch = self.channels.get(channel)
             if unecho and ch is not None:
-                if ch.echoes > 0:
-                    ch.echoes -= 1
-                else:
-                    ch.wake_one()  # a message used the credit: it was someone's wake-up
+                ch.unecho()
             self._reserved.pop(w, None)
             raced = w in self._raced
             raced_since = self._raced.pop(w, None)

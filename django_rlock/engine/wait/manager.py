@@ -120,12 +120,8 @@ class PubSubManager:
         message was someone else's wake-up: pass it on (invariant 3)."""
         with self.channels.lock:
             ch = self.channels.get(channel)
-            if ch is None:
-                return
-            if ch.echoes > 0:
-                ch.echoes -= 1
-            else:
-                ch.wake_one()
+            if ch is not None:
+                ch.unecho()
 
     # -- hand-off (``handoff``) ----------------------------------------------------------
     def reserve(self, channel: bytes, key: str) -> Waiter | None:
