@@ -54,9 +54,8 @@ def _task_ended(task: asyncio.Future[Any]) -> None:
             logger.exception("django-rlock: releasing %r after its task ended failed", lock.name)
 
 
-def _unwatch(k: HoldKey, hold: Any) -> None:
-    """The calling task's hold ended: a long-lived task must not keep every lock it took."""
-    task = identity.acting_task()
+def _unwatch(k: HoldKey, hold: Any, task: Any) -> None:
+    """The task's hold ended: a long-lived task must not keep every lock it took."""
     with _watched_lock:
         held = _watched.get(task) if task is not None else None
         if held is not None and held.get(k, (None, None))[1] is hold:
@@ -166,9 +165,8 @@ class AsyncRLock(LockBase):
             reset_budget(budget)
 
     async def _not_cancelled(self) -> None:
-        """Acquired, though the task was cancelled meanwhile and redis-py dropped the
-        ``CancelledError`` (``aiopool.mark_cancels``): give the hold back and raise it, as a
-        cancellation that reached us would have."""
+        """Acquired, though redis-py dropped the task's cancellation meanwhile
+        (``aiopool.mark_cancels``): give the hold back and raise it, as if it had reached us."""
         if cancel_dropped():
             await self.unlock()
             raise asyncio.CancelledError
@@ -259,9 +257,8 @@ class AsyncRLock(LockBase):
         return r
 
     async def _undo_cancelled(self, fut: asyncio.Future[Any], owner: str) -> None:
-        """The caller was cancelled with an acquire in flight. Wait for it (one round trip)
-        and, if it took the lock, give it back ourselves before the cancellation goes on: a
-        release sent later could undo this owner's next, legitimate acquire."""
+        """The caller was cancelled with an acquire in flight: if it took the lock, give it
+        back before the cancellation goes on (a later release could undo a legitimate one)."""
         try:
             ttl = await asyncio.shield(fut)
         except asyncio.CancelledError:
@@ -278,7 +275,7 @@ class AsyncRLock(LockBase):
 
     def _give_back(self, fut: asyncio.Future[Any], owner: str) -> None:
         """An acquire that landed after its caller was cancelled: nobody knows it holds the
-        lock, so undo that one level at once instead of leaving it for the lease."""
+        lock, so undo that one level now, not at the lease's end."""
         if fut.cancelled() or fut.exception() is not None or fut.result() is not None:
             return
         self._spawn(acall_once(self._client, self._RELEASE, self._release_keys,
@@ -398,7 +395,7 @@ class AsyncRLock(LockBase):
         """Release one hold of the calling task (see ``RLock.unlock``)."""
         target = await self._target()
         plan = self._release_plan((self._server, self.key, self._field()))
-        plan.sent = time.monotonic()
+        plan.sent, task = time.monotonic(), identity.acting_task()
         try:
             if target[1] is None:  # one script, sent from this task (``ashielded``)
                 r = await ashielded(self._client, self._RELEASE, self._release_keys, plan.args)
@@ -406,13 +403,13 @@ class AsyncRLock(LockBase):
                 r = await shielded_task(self._send_release(plan.args, *target))
         except Cut as cut:
             # The release goes on; book its outcome when it lands (hand-off, renewal, echo).
-            cut.rest.add_done_callback(lambda f: self._book(plan, f))
+            cut.rest.add_done_callback(lambda f: self._book(plan, f, task))
             raise cut.cancel from None
         except asyncio.CancelledError:
             # Cancelled before anything was written: send it anyway, as a shielded release
             # would have been (invariant 8), and book it when it lands.
             fut = asyncio.ensure_future(self._send_release(plan.args, *target))
-            fut.add_done_callback(lambda f: self._book(plan, f))
+            fut.add_done_callback(lambda f: self._book(plan, f, task))
             _background.add(fut)
             fut.add_done_callback(_background.discard)
             raise
@@ -421,9 +418,7 @@ class AsyncRLock(LockBase):
                 replicas.forget(self._server)  # maybe a failover: count the replicas again
             self._release_failed(plan)
             raise
-        orphan = self._release_done(plan, r)
-        if plan.hold is not None and watchdog().get(plan.k) is not plan.hold:
-            _unwatch(plan.k, plan.hold)
+        orphan = self._settled(plan, r, task)
         if orphan is not None:
             await acall_once(self._client, RELEASE_SCRIPT, self._release_keys,
                              (orphan.owner, orphan.lease_ms, UNLOCK_MESSAGE))
@@ -444,12 +439,18 @@ class AsyncRLock(LockBase):
             (k[2], leases.lease_field(k[2], self._owner()), ms, leases.message_of(self))))
         return leases.booked(watchdog(), k, hold, r, self.name, self.key, self.label)
 
-    def _book(self, plan: Any, fut: asyncio.Future[Any]) -> None:
+    def _settled(self, plan: Any, r: Any, task: Any) -> Any:
+        orphan = self._release_done(plan, r)
+        if plan.hold is not None and watchdog().get(plan.k) is not plan.hold:
+            _unwatch(plan.k, plan.hold, task)  # (a cancelled release too, once it lands)
+        return orphan
+
+    def _book(self, plan: Any, fut: asyncio.Future[Any], task: Any) -> None:
         if fut.cancelled() or fut.exception() is not None:
             self._release_failed(plan)
             return
         try:
-            orphan = self._release_done(plan, fut.result())
+            orphan = self._settled(plan, fut.result(), task)
         except LockNotOwnedError:
             return
         if orphan is not None:

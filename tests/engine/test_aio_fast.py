@@ -5,7 +5,9 @@ lands after a script was written still never cuts the round trip in half (invari
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
+import weakref
 
 import pytest
 import redis.asyncio
@@ -233,3 +235,31 @@ def test_a_script_is_packed_byte_for_byte_as_redis_py_packs_it():
         assert b"".join(packed(conn, args)) == b"".join(conn.pack_command(*args))
     with pytest.raises(DataError):
         packed(Connection(), ("EVALSHA", True))
+
+
+def test_a_long_lived_task_keeps_nothing_of_a_lock_whose_release_was_cancelled(own_server):
+    """A consumer task's release is cancelled while it waits in the server (a request
+    timeout): once the release lands and is booked, the task keeps neither the hold nor the
+    lock object, as after a release that was not cancelled."""
+    admin = own_server.client()
+    ar = redis.asyncio.Redis(unix_socket_path=own_server.socket)
+
+    async def main() -> bool:
+        lock = AsyncRLock(ar, "fast:cut-watch", sync_client=admin)
+        await lock.lock()
+        k = (lock.server, lock.key, lock.current_owner())
+        admin.client_pause(400, all=False)  # the release waits in the server
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.1):
+                await lock.unlock()
+        await asyncio.sleep(1.0)
+        assert watchdog().get(k) is None and not admin.exists("fast:cut-watch")  # booked
+        ref = weakref.ref(lock)
+        del lock
+        gc.collect()
+        alive = ref() is not None
+        await ar.aclose()
+        return alive
+
+    assert asyncio.run(main()) is False
+    admin.close()
