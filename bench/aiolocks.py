@@ -191,6 +191,11 @@ def _contention(where: dict[str, Any], code: str | None, lib: str, procs: int, t
              if k not in ("cmdstat_info", "cmdstat_config|resetstat")}
     n = sum(g[0] for g in got)
     admin.close()
+    if os.environ.get("BENCH_COMMANDS"):  # --commands: which commands, per acquisition
+        per = sorted(((v["calls"] / n, k[len("cmdstat_"):]) for k, v in stats.items()),
+                     reverse=True)
+        print(f"  {lib} {procs} x {tasks}: " + ", ".join(f"{k} {c:.2f}" for c, k in per
+                                                        if c >= 0.005), flush=True)
     return {"acquisitions": n,
             "server cmds": sum(v["calls"] for v in stats.values()) / n,
             "server us": sum(v["usec"] for v in stats.values()) / n,
@@ -208,7 +213,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layouts", default="1x16,4x16",
                     help="contention layouts, processes x tasks (comma-separated)")
     ap.add_argument("--transports", default="unix,tcp", help="unix, tcp or both")
+    ap.add_argument("--commands", action="store_true",
+                    help="also print each contention run's server commands per acquisition")
     args = ap.parse_args(argv)
+    if args.commands:
+        os.environ["BENCH_COMMANDS"] = "1"
     layouts = [tuple(int(n) for n in lay.split("x")) for lay in args.layouts.split(",")]
     transports = set(args.transports.split(","))
     _paths(args.code)
