@@ -45,9 +45,10 @@ def cache_alias(cache: str | None = None) -> str:
         return cache
     alias = cache if cache is not None else get_config()["CACHE"]
     if alias not in settings.CACHES:
+        where = "RLOCK['CACHE']" if cache is None else "cache="
         raise ImproperlyConfigured(
             f"django-rlock: the cache alias {alias!r} is not in settings.CACHES "
-            f"(set RLOCK['CACHE'] to one of {sorted(settings.CACHES)})")
+            f"(set {where} to one of {sorted(settings.CACHES)})")
     return alias
 
 

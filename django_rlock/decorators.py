@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol, TypeVar
@@ -327,6 +328,13 @@ def locked(template: str | Callable[..., str], *, wait: float = 0, lease: float 
                               hold_at_least_on_error=hold_at_least_on_error))
 
 
+def _sync_only(exc: Exception) -> bool:
+    """Django's ``SynchronousOnlyOperation`` (a query from the event loop's thread); Django is
+    loaded if it was raised."""
+    exceptions = sys.modules.get("django.core.exceptions")
+    return exceptions is not None and isinstance(exc, exceptions.SynchronousOnlyOperation)
+
+
 def decorator(spec: LockSpec) -> Callable[[F], F]:
     """The decorator of a spec: ``@locked``'s, and ``@limited``'s with a ``LimitSpec`` (whose
     "lock" is one permit of a semaphore behind the same API)."""
@@ -371,7 +379,17 @@ def decorator(spec: LockSpec) -> Callable[[F], F]:
         if inspect.iscoroutinefunction(func):
             @functools.wraps(func)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                lock = spec.async_lock(name_of(args, kwargs))
+                try:
+                    name = name_of(args, kwargs)
+                except Exception as exc:
+                    if not _sync_only(exc):
+                        raise
+                    # The template reads something only sync code may load (a logged-in
+                    # request.user: its session and user rows): build it in a thread.
+                    from asgiref.sync import sync_to_async
+
+                    name = await sync_to_async(name_of)(args, kwargs)
+                lock = spec.async_lock(name)
                 try:
                     got = await lock.try_lock(spec.wait, spec.lease)
                     ttl = None if got else await abusy_ttl(lock)

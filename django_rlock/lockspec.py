@@ -21,7 +21,7 @@ from .answers import HoldTimes
 from .engine import AsyncRLock, RLock
 from .engine.clients import async_twin
 from .engine.lock import check_seconds
-from .engine.windows import check_window
+from .engine.windows import check_lease, check_window
 from .lockkinds import async_lock_of_kind, check_kind, lock_of_kind
 
 ON_BUSY = ("raise", "skip", "wait", "retry")
@@ -30,9 +30,12 @@ ON_BUSY = ("raise", "skip", "wait", "retry")
 def _template_fields(template: str) -> list[str]:
     """The root names a template uses: ``"r:{request.user.pk}"`` -> ``["request"]``."""
     roots = []
-    for _, field, _, _ in string.Formatter().parse(template):
+    for _, field, _, conversion in string.Formatter().parse(template):
         if field is None:
             continue
+        if conversion not in (None, "r", "s", "a"):  # else every call would fail
+            raise ValueError(f"lock template {template!r} converts {{{field}}} with "
+                             f"!{conversion}; the conversions are !s, !r and !a")
         root = field.split(".", 1)[0].split("[", 1)[0]
         if not root or root.isdigit():
             raise ValueError(f"lock template {template!r} uses a positional field {{{field}}}; "
@@ -181,6 +184,13 @@ class LockSpec:
                              f"(lock {label!r})")
         if prefix is not None and not isinstance(prefix, str):
             raise TypeError(f"prefix must be a str (lock {label!r})")
+        for what, flag in (("dedupe", dedupe), ("until_commit", until_commit),
+                           ("quorum", quorum)):
+            if not isinstance(flag, bool):  # 'no' would be taken as yes
+                raise TypeError(f"{what} must be True or False, not {flag!r} (lock {label!r})")
+        if not (cache is None or isinstance(cache, (str, list, tuple))):
+            raise TypeError(f"cache must be a cache alias (str) or a list of them, not "
+                            f"{type(cache).__name__} (lock {label!r})")
         self.template = template
         self.label = str(label)
         self.on_busy = on_busy
@@ -202,6 +212,8 @@ class LockSpec:
         for what, value in (("max_hold", max_hold), ("warn_held_after", warn_held_after)):
             if value is not None:
                 self.windows[what] = check_window(value, what, str(label))  # type: ignore[assignment]
+        if self.lease is not None:  # refused when decorating, not on every call
+            check_lease(self.lease, self.windows.get("max_hold"), str(label))
         self.hold_at_least = check_window(hold_at_least, "hold_at_least", str(label))
         if not isinstance(hold_at_least_on_error, bool):
             raise TypeError(f"hold_at_least_on_error must be True or False, not "
@@ -350,6 +362,8 @@ class LockSpec:
                          **place.options)
         lock = lock_of_kind(self.kind, place.get_client(), name, place.prefix, label=self.label,
                             **place.options)
+        if self.kind == "non_reentrant":  # a call asking again is an error, not "busy"
+            lock.refuse_reentry()
         return FencedCall(lock) if self.kind == "fenced" else lock
 
     def async_lock(self, name: str) -> Any:
@@ -375,6 +389,8 @@ class LockSpec:
             return AsyncRLock(client, name, place.prefix, label=self.label, **options)
         lock = async_lock_of_kind(self.kind, client, name, place.prefix, label=self.label,
                                   **options)
+        if self.kind == "non_reentrant":
+            lock.refuse_reentry()
         return AsyncFencedCall(lock) if self.kind == "fenced" else lock
 
     def check_function(self, func: Callable[..., Any], sig: inspect.Signature) -> None:

@@ -52,6 +52,13 @@ class _NonReentrant:
     def _holds(self) -> bool:
         return watchdog().get((self._server, self.key, self._field())) is not None
 
+    def refuse_reentry(self) -> None:
+        """``LockReentryError`` if the caller holds this lock already (no command): for a
+        caller that only tries (``@locked``), to which ``try_lock()``'s False would read as
+        "held by someone else"."""
+        if self._holds():
+            self._refused(None)
+
     def _refused(self, wait: float | None) -> bool:
         """A reentry: False for a try (``wait`` given), else ``LockReentryError``."""
         if wait is not None:

@@ -10,7 +10,7 @@ import threading
 import pytest
 from django.test import AsyncClient, Client
 
-from django_rlock import LockBusy, RLock, get_lock, locked
+from django_rlock import LockBusy, LockReentryError, RLock, get_lock, locked
 from tests.conftest import script_calls
 from tests.django import views
 
@@ -111,6 +111,63 @@ def test_async_view_busy_gets_423(db1):
     codes = sorted(r.status_code for r in asyncio.run(main()))
     assert codes == [200, 423, 423, 423, 423]
     assert views.worst == {"aonce:1": 1}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_async_view_named_after_the_logged_in_user(db1, django_user_model):
+    """README's async example: the name reads ``request.user``, which a logged-in request
+    loads from the database, which Django refuses on the event loop's thread. It once
+    answered 500 (SynchronousOnlyOperation) to every logged-in user."""
+    ann = django_user_model.objects.create_user("ann", password="pw")
+
+    async def main():
+        client = AsyncClient()
+        await client.aforce_login(ann)
+        return await asyncio.gather(client.get("/auser/"), client.get("/auser/"))
+
+    responses = asyncio.run(main())
+    assert [r.status_code for r in responses] == [200, 200]
+    assert {r.content for r in responses} == {f"auser:{ann.pk}".encode()}
+    assert views.worst == {f"auser:{ann.pk}": 1}  # the one user's requests took turns
+    assert not db1.exists(f"demo:rlock:auser:{ann.pk}")
+
+
+def test_non_reentrant_locked_call_asking_again_raises_reentry_not_busy(db1):
+    """``@locked(kind="non_reentrant")`` calling itself: docs/django.md promises
+    ``LockReentryError``; ``try_lock()``'s False once made it a ``LockBusy`` ("held by
+    someone else"), which a view answers 423."""
+
+    @locked("nr:{n}", kind="non_reentrant")
+    def again(n: int, depth: int = 0) -> int:
+        return again(n, depth + 1) if depth == 0 else depth
+
+    @locked("anr:{n}", kind="non_reentrant")
+    async def aagain(n: int, depth: int = 0) -> int:
+        return await aagain(n, depth + 1) if depth == 0 else depth
+
+    with pytest.raises(LockReentryError, match="nr:1"):
+        again(1)
+    assert not db1.exists("demo:rlock:nr:1")  # the outer call's hold was released
+    with pytest.raises(LockReentryError, match="anr:2"):
+        asyncio.run(aagain(2))
+    assert not db1.exists("demo:rlock:anr:2")
+
+
+@pytest.mark.parametrize("kwargs, error, text", [
+    ({"lease": 10, "max_hold": 5}, ValueError, "longer than max_hold"),
+    ({"dedupe": "yes"}, TypeError, "dedupe must be True or False"),
+    ({"until_commit": "no"}, TypeError, "until_commit must be True or False"),
+    ({"cache": 5}, TypeError, "cache must be a cache alias"),
+])
+def test_bad_options_are_refused_when_decorating(kwargs, error, text):
+    with pytest.raises(error, match=text):
+        locked("opt:{n}", **kwargs)
+
+
+def test_a_bad_conversion_in_the_template_is_refused_when_decorating():
+    with pytest.raises(ValueError, match=r"!z"):
+        locked("cv:{pk!z}")
+    locked("cv:{pk!r}")  # the real ones are fine
 
 
 # -- plain functions ----------------------------------------------------------------------------

@@ -70,6 +70,15 @@ async def async_once(request: HttpRequest, pk: int) -> HttpResponse:
     return HttpResponse("ran")
 
 
+@locked("auser:{request.user.pk}", wait=5)  # README's async example
+async def async_per_user(request: HttpRequest) -> HttpResponse:
+    name = f"auser:{request.user.pk}"  # (loaded already: the lock's name needed it)
+    enter(name)
+    await asyncio.sleep(0.2)
+    leave(name)
+    return HttpResponse(name)
+
+
 @locked("user:{request.user.pk}:{pk}", status=503)
 def per_user(request: HttpRequest, pk: int) -> HttpResponse:
     return JsonResponse({"user": request.user.pk, "pk": pk})
@@ -97,5 +106,6 @@ urlpatterns = [
     path("areport/<int:pk>/", async_report),
     path("aonce/<int:pk>/", async_once),
     path("user/<int:pk>/", per_user),
+    path("auser/", async_per_user),
     path("cbv/<int:pk>/", ReportView.as_view()),
 ]
