@@ -236,6 +236,8 @@ def async_twin(client: Any) -> redis.asyncio.Redis:
     a WSGI server in a new loop per request: one twin per (pool, loop), shared by every lock
     on that pool in that loop, with a ``TwinPool`` of ``async_cap(pool)`` connections.
     """
+    if is_cluster(client):  # (Django's settings give a sync RedisCluster)
+        return _async_cluster(client)
     pool = client.connection_pool
     loop = asyncio.get_running_loop()
     per_loop = _async_twins.get(pool)
@@ -254,6 +256,29 @@ def async_twin(client: Any) -> redis.asyncio.Redis:
         per_loop[loop] = twin
         if pool in _node_pools:  # a cluster node's: its redirections follow that cluster
             _async_origins[twin.connection_pool] = client
+    return twin
+
+
+def _async_cluster(cluster: Any) -> Any:
+    """An asyncio ``RedisCluster`` to a sync one's nodes, for the running loop (its plain
+    reads: ``is_locked`` and kin); a lock on it sends on ``cluster``'s own node clients and
+    slot map (``sync_cluster`` of it is ``cluster``), so none of its connections is per loop."""
+    loop = asyncio.get_running_loop()
+    per_loop = _async_twins.get(cluster)
+    if per_loop is None:
+        per_loop = _async_twins[cluster] = weakref.WeakKeyDictionary()  # type: ignore[assignment]
+    twin = per_loop.get(loop)
+    if twin is None:
+        for old in [lp for lp in per_loop if lp.is_closed()]:
+            del per_loop[old]
+        import redis.asyncio.cluster
+
+        kwargs = {k: v for k, v in cluster.nodes_manager.connection_kwargs.items()
+                  if k in _PORTABLE and k not in ("host", "port", "path", "db")}
+        nodes = [redis.asyncio.cluster.ClusterNode(n.host, n.port)
+                 for n in cluster.nodes_manager.startup_nodes.values()]
+        twin = per_loop[loop] = redis.asyncio.RedisCluster(startup_nodes=nodes, **kwargs)
+        _sync_clusters[twin] = cluster
     return twin
 
 

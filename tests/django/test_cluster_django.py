@@ -7,6 +7,7 @@ cluster setting without a node's URL.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from io import StringIO
 from typing import Any
@@ -119,3 +120,30 @@ def test_the_admin_lists_shows_and_force_unlocks_on_the_cluster(on_cluster: Clus
         for lock in locks:
             if lock.is_held_by_current_thread():
                 lock.unlock()
+
+
+def test_locked_async_functions_run_on_the_cluster(on_cluster: ClusterTopology):
+    """``@locked`` on an async view or function with the settings' (sync) cluster client: its
+    ``AsyncRLock`` gets an asyncio cluster client of the same nodes (it once failed every call
+    with an AttributeError: a cluster client has no connection pool to twin)."""
+    inside: list[int] = []
+    worst: list[int] = []
+
+    @locked("ajob:{n}", wait=5)
+    async def work(n: int) -> int:
+        inside.append(n)
+        worst.append(len(inside))
+        master = on_cluster.node_for_key(f"dj:ajob:{n}")
+        with on_cluster.node_client(master) as c:
+            held = c.exists(f"dj:ajob:{n}")
+        await asyncio.sleep(0.05)
+        inside.remove(n)
+        return held
+
+    async def main() -> list[int]:
+        return await asyncio.gather(*(work(3) for _ in range(4)))
+
+    assert asyncio.run(main()) == [1, 1, 1, 1]  # held on its slot's master each time
+    assert max(worst) == 1  # and one at a time
+    assert asyncio.run(main()) == [1, 1, 1, 1]  # a second event loop gets its own client
+    assert not get_lock("ajob:3").is_locked()
