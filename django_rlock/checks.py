@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import threading
 from typing import Any
 
 from django.conf import settings
@@ -93,22 +94,48 @@ def _is_redis(cls: Any) -> bool:
     return False
 
 
+class _Guard(threading.local):
+    """Per thread: is check_tasks already on this thread's stack?"""
+
+    running = False
+
+
+_guard = _Guard()
+
+
 def check_tasks(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """``@locked(dedupe=True)`` on a task without the ``LockedTask`` base: without it nothing
     refuses a duplicate at enqueue time, which a worker's log would only say at run time.
 
     Only with the Celery glue loaded; reads the current Celery app's tasks after importing
-    its task modules (``autodiscover_tasks``), as a worker does. Never connects."""
+    its task modules (``autodiscover_tasks``), as a worker does. Never connects.
+
+    Importing sends Celery's ``import_modules`` signal, and Celery's Django fixup answers that
+    signal with ``run_checks()``, which calls this check again: the guard makes that inner call
+    a no-op, else each call imports again until RecursionError (and a worker whose import
+    fails that way registers no tasks). In a worker or beat (``loader.worker_initialized``)
+    the check never imports: the worker is importing the task modules itself, the fixup runs
+    the checks from inside that import and discards their result."""
     import sys
 
-    if "django_rlock.celery" not in sys.modules:
+    if "django_rlock.celery" not in sys.modules or _guard.running:
         return []
+    _guard.running = True
+    try:
+        return _dedupe_without_base()
+    finally:
+        _guard.running = False
+
+
+def _dedupe_without_base() -> list[CheckMessage]:
     from celery import current_app
 
     from .celery import LockedTask
 
     try:
-        current_app.loader.import_default_modules()
+        loader = current_app.loader
+        if not loader.worker_initialized:
+            loader.import_default_modules()
         tasks = dict(current_app.tasks)
     except Exception as exc:  # a broken task module is Celery's to report, not ours
         return [Warning(f"django-rlock could not list the Celery tasks: {exc!r}",
