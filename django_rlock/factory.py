@@ -18,7 +18,8 @@ from .engine import RLock
 from .lockkinds import async_lock_of_kind, check_kind, check_permits, lock_of_kind
 
 __all__ = ["async_lock_of_kind", "cache_aliases", "check_kind", "check_permits",
-           "get_latch", "get_lock", "get_semaphore", "lock_of_kind", "window_options"]
+           "get_latch", "get_lock", "get_semaphore", "lock_of_kind", "one_cache",
+           "window_options"]
 
 
 if TYPE_CHECKING:  # what get_lock returns, per kind, for type checkers (mypy --strict)
@@ -124,6 +125,7 @@ def get_semaphore(name: str, permits: int | None = None, *,
     from .engine.lock import check_name
 
     check_name(name)
+    one_cache(cache, f"semaphore {name!r}")
     if permits is not None:
         check_permits(permits, name)
     from .engine.semaphore import PermitExpirableSemaphore
@@ -143,9 +145,19 @@ def get_latch(name: str, *, cache: str | None = None) -> CountDownLatch:
     from .engine.lock import check_name
 
     check_name(name)
+    one_cache(cache, f"latch {name!r}")
     from .engine.latch import CountDownLatch
 
     return CountDownLatch(get_client(cache), name, get_prefix(cache))
+
+
+def one_cache(cache: Any, what: str) -> None:
+    """``cache`` of a factory over one server: an alias or None (TypeError naming ``what``,
+    before any Redis command; only ``get_lock`` and ``@locked`` span a list of caches)."""
+    if cache is not None and not isinstance(cache, str):
+        raise TypeError(f"cache must be a cache alias (str) or None, not "
+                        f"{type(cache).__name__} ({what}); only get_lock() and @locked take a "
+                        f"list of caches")
 
 
 def cache_aliases(caches_: Sequence[str]) -> list[str]:
