@@ -9,6 +9,8 @@ re-exported here. Layering: ``conf``, ``connection``, ``kinds`` <- this module;
 
 from __future__ import annotations
 
+import asyncio
+import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal, overload
 
@@ -17,65 +19,127 @@ from .connection import cache_alias, get_client, get_prefix, multi_lock
 from .engine import RLock
 from .lockkinds import async_lock_of_kind, check_kind, check_permits, lock_of_kind
 
-__all__ = ["async_lock_of_kind", "cache_aliases", "check_kind", "check_permits",
-           "get_latch", "get_lock", "get_semaphore", "lock_of_kind", "window_options"]
+__all__ = ["IN_EVENT_LOOP", "async_lock_of_kind", "cache_aliases", "check_kind",
+           "check_permits", "get_latch", "get_lock", "get_semaphore", "lock_of_kind",
+           "one_cache", "window_options"]
+
+#: The ``RuntimeWarning`` of a sync ``get_lock()`` in a thread running an event loop. One text
+#: for every lock, so Python's warning filter says it once per call site, not once per name.
+IN_EVENT_LOOP = (
+    "get_lock() without aio=True called where an event loop is running: its RLock is owned "
+    "by the thread, so every task of this loop is the same owner (two requests would both "
+    "hold it) and waiting blocks the loop. In async code use "
+    "`async with get_lock(name, aio=True):`")
 
 
 if TYPE_CHECKING:  # what get_lock returns, per kind, for type checkers (mypy --strict)
     from .engine import (
+        AsyncFairLock,
+        AsyncFencedLock,
+        AsyncMultiLock,
+        AsyncNonReentrantLock,
+        AsyncReadLock,
+        AsyncRLock,
+        AsyncWriteLock,
         CountDownLatch,
         FairLock,
         FencedLock,
         MultiLock,
+        NonReentrantLock,
         PermitExpirableSemaphore,
         ReadLock,
         WriteLock,
     )
 
+    Caches = list[str] | tuple[str, ...]
+
     @overload
     def get_lock(name: str, *, cache: str | None = None, label: str | None = None,
                  quorum: Literal[False] = False, kind: None = None,
-                 max_hold: float | None = None, warn_held_after: float | None = None) -> RLock: ...
+                 max_hold: float | None = None, warn_held_after: float | None = None,
+                 aio: Literal[False] = False) -> RLock: ...
     @overload
     def get_lock(name: str, *, cache: str | None = None, label: str | None = None,
                  quorum: Literal[False] = False, kind: Literal["fair"],
-                 max_hold: float | None = None, warn_held_after: float | None = None
-                 ) -> FairLock: ...
+                 max_hold: float | None = None, warn_held_after: float | None = None,
+                 aio: Literal[False] = False) -> FairLock: ...
     @overload
     def get_lock(name: str, *, cache: str | None = None, label: str | None = None,
                  quorum: Literal[False] = False, kind: Literal["read"],
-                 max_hold: float | None = None, warn_held_after: float | None = None
-                 ) -> ReadLock: ...
+                 max_hold: float | None = None, warn_held_after: float | None = None,
+                 aio: Literal[False] = False) -> ReadLock: ...
     @overload
     def get_lock(name: str, *, cache: str | None = None, label: str | None = None,
                  quorum: Literal[False] = False, kind: Literal["write"],
-                 max_hold: float | None = None, warn_held_after: float | None = None
-                 ) -> WriteLock: ...
+                 max_hold: float | None = None, warn_held_after: float | None = None,
+                 aio: Literal[False] = False) -> WriteLock: ...
     @overload
     def get_lock(name: str, *, cache: str | None = None, label: str | None = None,
                  quorum: Literal[False] = False, kind: Literal["fenced"],
-                 max_hold: float | None = None, warn_held_after: float | None = None
-                 ) -> FencedLock: ...
+                 max_hold: float | None = None, warn_held_after: float | None = None,
+                 aio: Literal[False] = False) -> FencedLock: ...
     @overload
-    def get_lock(name: str, *, cache: list[str] | tuple[str, ...], label: str | None = None,
+    def get_lock(name: str, *, cache: str | None = None, label: str | None = None,
+                 quorum: Literal[False] = False, kind: Literal["non_reentrant"],
+                 max_hold: float | None = None, warn_held_after: float | None = None,
+                 aio: Literal[False] = False) -> NonReentrantLock: ...
+    @overload
+    def get_lock(name: str, *, cache: Caches, label: str | None = None,
                  quorum: bool = False, kind: None = None, max_hold: float | None = None,
-                 warn_held_after: float | None = None) -> MultiLock: ...
+                 warn_held_after: float | None = None,
+                 aio: Literal[False] = False) -> MultiLock: ...
+    @overload
+    def get_lock(name: str, *, cache: str | None = None, label: str | None = None,
+                 quorum: Literal[False] = False, kind: None = None,
+                 max_hold: float | None = None, warn_held_after: float | None = None,
+                 aio: Literal[True]) -> AsyncRLock: ...
+    @overload
+    def get_lock(name: str, *, cache: str | None = None, label: str | None = None,
+                 quorum: Literal[False] = False, kind: Literal["fair"],
+                 max_hold: float | None = None, warn_held_after: float | None = None,
+                 aio: Literal[True]) -> AsyncFairLock: ...
+    @overload
+    def get_lock(name: str, *, cache: str | None = None, label: str | None = None,
+                 quorum: Literal[False] = False, kind: Literal["read"],
+                 max_hold: float | None = None, warn_held_after: float | None = None,
+                 aio: Literal[True]) -> AsyncReadLock: ...
+    @overload
+    def get_lock(name: str, *, cache: str | None = None, label: str | None = None,
+                 quorum: Literal[False] = False, kind: Literal["write"],
+                 max_hold: float | None = None, warn_held_after: float | None = None,
+                 aio: Literal[True]) -> AsyncWriteLock: ...
+    @overload
+    def get_lock(name: str, *, cache: str | None = None, label: str | None = None,
+                 quorum: Literal[False] = False, kind: Literal["fenced"],
+                 max_hold: float | None = None, warn_held_after: float | None = None,
+                 aio: Literal[True]) -> AsyncFencedLock: ...
+    @overload
+    def get_lock(name: str, *, cache: str | None = None, label: str | None = None,
+                 quorum: Literal[False] = False, kind: Literal["non_reentrant"],
+                 max_hold: float | None = None, warn_held_after: float | None = None,
+                 aio: Literal[True]) -> AsyncNonReentrantLock: ...
+    @overload
+    def get_lock(name: str, *, cache: Caches, label: str | None = None,
+                 quorum: bool = False, kind: None = None, max_hold: float | None = None,
+                 warn_held_after: float | None = None,
+                 aio: Literal[True]) -> AsyncMultiLock: ...
     @overload
     def get_lock(name: str, *, cache: str | Sequence[str] | None = None,
                  label: str | None = None, quorum: bool = False, kind: str | None = None,
-                 max_hold: float | None = None, warn_held_after: float | None = None
-                 ) -> RLock | MultiLock: ...
+                 max_hold: float | None = None, warn_held_after: float | None = None,
+                 aio: bool = False) -> RLock | MultiLock | AsyncRLock: ...
 
 
 def get_lock(name: str, *, cache: str | Sequence[str] | None = None,  # type: ignore[misc]
              label: str | None = None, quorum: bool = False, kind: str | None = None,
-             max_hold: float | None = None, warn_held_after: float | None = None) -> Any:
+             max_hold: float | None = None, warn_held_after: float | None = None,
+             aio: bool = False) -> Any:
     """A lock on the cache's Redis connection, with the configured prefix, watchdog and
     replica sync. ``label``: what events and metrics call it (a template, never the name).
 
     ``kind``: None (an ``RLock``), ``"fair"`` (``FairLock``), ``"read"`` / ``"write"`` (the
-    ``read_lock()`` / ``write_lock()`` of the ``ReadWriteLock`` of that name) or ``"fenced"``
-    (``FencedLock``). Every kind has the ``RLock`` API.
+    ``read_lock()`` / ``write_lock()`` of the ``ReadWriteLock`` of that name), ``"fenced"``
+    (``FencedLock``) or ``"non_reentrant"``. Every kind has the ``RLock`` API.
 
     ``cache=["a", "b", "c"]``: a ``MultiLock`` over those aliases' servers (each with its own
     prefix), or with ``quorum=True`` a ``RedLock`` (a majority of them); only of RLocks.
@@ -83,9 +147,21 @@ def get_lock(name: str, *, cache: str | Sequence[str] | None = None,  # type: ig
     ``max_hold`` / ``warn_held_after``: seconds (``RLOCK["MAX_HOLD"]`` /
     ``RLOCK["WARN_HELD_AFTER"]`` when None): a hold is never renewed past ``max_hold``; one
     older than ``warn_held_after`` is logged once (``django_rlock.engine.windows``).
+
+    ``aio=True``: the asyncio twin of the same lock (``AsyncRLock``, ``AsyncFairLock``, ...,
+    ``AsyncMultiLock`` / ``AsyncRedLock``), owned by the asyncio task, on the cache's
+    ``redis.asyncio`` twin for the running loop: call it inside the coroutine that uses it.
+    Without it, a call in a thread running an event loop warns (``IN_EVENT_LOOP``): an RLock
+    there is owned by the loop's thread, which every task shares, so it excludes nothing
+    between them. A warning, not an error: a one-shot ``try_lock`` with no ``await`` before
+    its ``unlock`` still excludes, and code that works must not break on an upgrade.
     """
     check_kind(kind, name)
     options = window_options(lock_options(), max_hold, warn_held_after, name)
+    if aio:
+        return _async_lock(name, cache, label, quorum, kind, options)
+    if in_event_loop():
+        warnings.warn(IN_EVENT_LOOP, RuntimeWarning, stacklevel=2)
     if isinstance(cache, (list, tuple)):
         if kind is not None:
             raise ValueError(f"kind={kind!r} cannot span several caches: a MultiLock/RedLock "
@@ -96,6 +172,51 @@ def get_lock(name: str, *, cache: str | Sequence[str] | None = None,  # type: ig
         raise ValueError(f"quorum=True needs a list of cache aliases (lock {name!r})")
     return lock_of_kind(kind, get_client(cache), name, get_prefix(cache), label=label,
                         **options)
+
+
+def in_event_loop() -> bool:
+    """Whether this thread runs an event loop now (``sync_to_async`` code runs in another
+    thread: False there)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+def _async_lock(name: str, cache: str | Sequence[str] | None, label: str | None, quorum: bool,
+                kind: str | None, options: dict[str, Any]) -> Any:
+    """``get_lock(aio=True)``: checked like the sync form, then built on the asyncio twins of
+    the caches' clients for the running loop (they renew and wait on the sync clients)."""
+    from .engine import AsyncMultiLock, AsyncRedLock, AsyncRLock
+    from .engine.clients import async_twin, is_cluster
+
+    def on(client: Any) -> Any:
+        if is_cluster(client):  # an asyncio lock needs an asyncio RedisCluster: none here yet
+            raise TypeError(f"get_lock(aio=True) does not run on RLOCK['CLUSTER'] yet: take "
+                            f"AsyncRLock(redis.asyncio.RedisCluster(...), name, prefix) (or "
+                            f"another asyncio kind) on a cluster client of your own "
+                            f"(lock {name!r})")
+        return async_twin(client)
+
+    several = isinstance(cache, (list, tuple))
+    if several and kind is not None:
+        raise ValueError(f"kind={kind!r} cannot span several caches: an AsyncMultiLock/"
+                         f"AsyncRedLock is made of plain AsyncRLocks (lock {name!r})")
+    if quorum and not several:
+        raise ValueError(f"quorum=True needs a list of cache aliases (lock {name!r})")
+    aliases = cache_aliases(cache) if several else [cache_alias(cache)]  # type: ignore[arg-type]
+    if not in_event_loop():
+        raise RuntimeError(f"get_lock(aio=True) needs a running event loop: call it in the "
+                           f"coroutine that uses the lock (lock {name!r})")
+    if several:
+        members = [AsyncRLock(on(get_client(a)), name, get_prefix(a),
+                              sync_client=get_client(a), label=label, **options)
+                   for a in aliases]
+        return AsyncRedLock(*members) if quorum else AsyncMultiLock(*members)
+    client = get_client(aliases[0])
+    return async_lock_of_kind(kind, on(client), name, get_prefix(aliases[0]),
+                              label=label, sync_client=client, **options)
 
 
 def window_options(options: dict[str, Any], max_hold: Any, warn_held_after: Any,
@@ -124,6 +245,7 @@ def get_semaphore(name: str, permits: int | None = None, *,
     from .engine.lock import check_name
 
     check_name(name)
+    one_cache(cache, f"semaphore {name!r}")
     if permits is not None:
         check_permits(permits, name)
     from .engine.semaphore import PermitExpirableSemaphore
@@ -143,9 +265,19 @@ def get_latch(name: str, *, cache: str | None = None) -> CountDownLatch:
     from .engine.lock import check_name
 
     check_name(name)
+    one_cache(cache, f"latch {name!r}")
     from .engine.latch import CountDownLatch
 
     return CountDownLatch(get_client(cache), name, get_prefix(cache))
+
+
+def one_cache(cache: Any, what: str) -> None:
+    """``cache`` of a factory over one server: an alias or None (TypeError naming ``what``,
+    before any Redis command; only ``get_lock`` and ``@locked`` span a list of caches)."""
+    if cache is not None and not isinstance(cache, str):
+        raise TypeError(f"cache must be a cache alias (str) or None, not "
+                        f"{type(cache).__name__} ({what}); only get_lock() and @locked take a "
+                        f"list of caches")
 
 
 def cache_aliases(caches_: Sequence[str]) -> list[str]:

@@ -16,6 +16,7 @@ from .connection import get_client, get_prefix
 from .engine.aioleader import AsyncLeader
 from .engine.leader import Leader
 from .engine.leadership import check_group
+from .factory import one_cache
 
 #: The keyword arguments ``get_leader`` passes on (``Leader``'s own).
 OPTIONS = ("watchdog_timeout", "on_elected", "on_revoked")
@@ -43,6 +44,7 @@ def get_leader(group: str, cache: str | None = None, *,  # type: ignore[misc]
     Redis command.
     """
     check_group(group)
+    one_cache(cache, f"leader group {group!r}")
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
         raise TypeError(f"get_leader() got unknown option(s) {', '.join(unknown)} (leader group "

@@ -200,8 +200,10 @@ def get_rate_limiter(name: str, rate: Any = None, *, cache: str | None = None) -
     """
     from .connection import get_client, get_prefix
     from .engine.lock import check_name
+    from .factory import one_cache
 
     check_name(name)
+    one_cache(cache, f"rate limiter {name!r}")
     parsed = None if rate is None else parse_rate(rate, f"rate of rate limiter {name!r}")
     limiter = RateLimiter(get_client(cache), name, get_prefix(cache))
     if parsed is not None:

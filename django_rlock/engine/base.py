@@ -381,7 +381,7 @@ class LockBase(releasing.Releasing, waiters.Noting, SlotBound):
                                    max_hold=self.max_hold, warn_after=self.warn_held_after)
         if events.listeners and hold.count == 1:
             events.emit("acquired", name=self.name, key=self.key, label=self.label, owner=k[2],
-                        wait=time.monotonic() - t0,
+                        kind=type(self).__name__, wait=time.monotonic() - t0,
                         lease=None if renew else lease_ms / 1000.0)  # type: ignore[operator]
         return hold
 

@@ -6,8 +6,9 @@
 ``@locked`` template, or the ``label=`` given to the lock: a bounded set, fit for metric
 labels, where the name is not), plus:
 
-- ``acquired``: ``owner``, ``wait`` (seconds from the call to the grant), ``lease`` (seconds,
-  ``None`` in watchdog mode). Sent when an owner starts holding, not on reentry.
+- ``acquired``: ``owner``, ``kind`` (the lock's class name, as in ``wait_started``), ``wait``
+  (seconds from the call to the grant), ``lease`` (seconds, ``None`` in watchdog mode). Sent
+  when an owner starts holding, not on reentry.
 - ``released``: ``owner``, ``held`` (seconds), ``reason`` (``"unlock"``, or ``"owner ended"``
   when the watchdog released the hold of a thread or task that ended without unlocking).
 - ``lost``: ``owner``, ``held``, ``how`` (in words), ``reason`` (``"expired"``,

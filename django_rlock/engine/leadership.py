@@ -11,6 +11,7 @@ acquire), ``owner``, ``term``, ``client``. A term is current in Redis iff
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -18,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import events, identity
-from .base import check_seconds
 from .errors import LockError
 from .fenced import AsyncFencedLock, FencedLock
 from .lockinfo import decoded, describes, number, parse_entry
@@ -61,6 +61,18 @@ def check_callback(fn: Any, what: str, group: str) -> None:
     if fn is not None and not callable(fn):
         raise TypeError(f"{what} must be callable or None, not {type(fn).__name__} "
                         f"(leader group {group!r})")
+
+
+def check_lease(watchdog_timeout: Any, group: str) -> float:
+    """A leadership's lease (``watchdog_timeout``): a finite number of seconds > 0, refused
+    before any Redis command naming the group (the user's word; the lock under it is ours)."""
+    if isinstance(watchdog_timeout, bool) or not isinstance(watchdog_timeout, (int, float)):
+        raise TypeError(f"watchdog_timeout must be a number of seconds, not "
+                        f"{type(watchdog_timeout).__name__} (leader group {group!r})")
+    if not (math.isfinite(watchdog_timeout) and watchdog_timeout > 0):
+        raise ValueError(f"watchdog_timeout must be a finite number > 0 seconds, got "
+                         f"{watchdog_timeout!r} (leader group {group!r})")
+    return float(watchdog_timeout)
 
 
 @dataclass(frozen=True)
@@ -235,7 +247,7 @@ class LeaderBase:
                  on_elected: Callable[[int], Any] | None,
                  on_revoked: Callable[[str], Any] | None, lock_class: Any) -> None:
         check_group(group)
-        check_seconds(watchdog_timeout, "watchdog_timeout", group, zero_ok=False)
+        check_lease(watchdog_timeout, group)
         check_callback(on_elected, "on_elected", group)
         check_callback(on_revoked, "on_revoked", group)
         self.group = group

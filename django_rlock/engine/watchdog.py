@@ -449,7 +449,9 @@ class Watchdog:
 
     def _tell_lost(self, h: Hold, how: str, reason: str) -> None:
         if reason != "max_hold":  # that one has its own WARNING (``windows.notify``)
-            logger.warning("django-rlock: lock %r (key %r) was lost: it %s while held by %s; it "
+            # ``how`` is the event's words ("force-unlocked", "expired or was force-unlocked"):
+            # in parentheses, every one of them reads right.
+            logger.warning("django-rlock: lock %r (key %r) was lost (%s) while held by %s; it "
                            "is no longer renewed", h.name, h.key, how, h.owner)
         if events.listeners:
             events.emit("lost", name=h.name, key=h.key, label=h.label, owner=h.owner,

@@ -175,6 +175,32 @@ def test_kind_with_several_caches_is_refused():
     get_lock("n", cache=["default", "builtin"])  # kind None: a MultiLock, as before
 
 
+def test_one_server_factories_refuse_a_list_of_caches_naming_the_object(settings):
+    # A dead server: anything sent would fail with a connection error, not this TypeError
+    # (it was "unhashable type: 'list'", naming nothing).
+    from django_rlock import get_rate_limiter
+
+    settings.CACHES = {"default": {"BACKEND": "django_redis.cache.RedisCache",
+                                   "LOCATION": "redis://127.0.0.1:1/0"}}
+    for make, what in ((get_semaphore, "semaphore 's'"), (get_latch, "latch 's'"),
+                       (get_rate_limiter, "rate limiter 's'")):
+        with pytest.raises(TypeError, match=rf"cache must be a cache alias \(str\) or None, "
+                                            rf"not list \({what}\)"):
+            make("s", cache=["default"])
+        with pytest.raises(TypeError, match=rf"not int \({what}\)"):
+            make("s", cache=5)
+
+
+def test_a_force_unlocked_hold_is_reported_in_plain_words(caplog, db1):
+    lock = get_lock("fu")
+    lock.lock()
+    assert get_lock("fu").force_unlock() is True
+    said = [r.getMessage() for r in caplog.records if "was lost" in r.getMessage()]
+    assert len(said) == 1 and "lock 'fu' (key 'demo:rlock:fu') was lost (force-unlocked) " \
+                              "while held by " in said[0], said
+    assert lock.is_lost()
+
+
 # -- @locked(kind=...) on views -----------------------------------------------------------------
 def test_read_views_run_together_and_a_write_view_is_turned_away(db1):
     first, out1 = in_thread("/read/1/")

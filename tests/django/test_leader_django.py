@@ -58,6 +58,16 @@ def test_get_leader_refuses_bad_input_before_any_command():
         get_leader("")
     with pytest.raises(TypeError, match="on_elected must be callable"):
         get_leader("beat", on_elected="no")
+    # The lease and the cache are the group's: the error names it (not "lock 'beat'").
+    for bad in (0, -1, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match=r"watchdog_timeout must be a finite number > 0 "
+                                             r"seconds, got .* \(leader group 'beat'\)$"):
+            get_leader("beat", watchdog_timeout=bad)
+    with pytest.raises(TypeError, match=r"watchdog_timeout must be a number of seconds, not "
+                                        r"str \(leader group 'beat'\)$"):
+        get_leader("beat", watchdog_timeout="30")
+    with pytest.raises(TypeError, match=r"not list \(leader group 'beat'\)"):
+        get_leader("beat", ["default"])  # type: ignore[arg-type]
 
 
 def test_signals_carry_group_term_and_reason(received):

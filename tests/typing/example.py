@@ -10,13 +10,18 @@ from collections.abc import Coroutine
 from typing import Any, assert_type
 
 from django_rlock import (
+    AsyncFairLock,
     AsyncLeader,
+    AsyncMultiLock,
+    AsyncReadLock,
+    AsyncRLock,
     CountDownLatch,
     FairLock,
     FencedLock,
     Leader,
     LockBusy,
     MultiLock,
+    NonReentrantLock,
     PermitExpirableSemaphore,
     RateLimiter,
     ReadLock,
@@ -67,6 +72,18 @@ assert_type(get_lock("invoice:1", kind="read"), ReadLock)
 assert_type(get_lock("invoice:1", kind="write"), WriteLock)
 assert_type(get_lock("invoice:1", kind="fenced"), FencedLock)
 assert_type(get_lock("invoice:1", cache=["a", "b", "c"]), MultiLock)
+assert_type(get_lock("invoice:1", kind="non_reentrant"), NonReentrantLock)
+
+
+async def in_async_code() -> None:  # get_lock(aio=True): the asyncio twin of each kind
+    assert_type(get_lock("invoice:1", aio=True), AsyncRLock)
+    assert_type(get_lock("invoice:1", kind="fair", aio=True), AsyncFairLock)
+    assert_type(get_lock("invoice:1", kind="read", aio=True), AsyncReadLock)
+    assert_type(get_lock("invoice:1", cache=["a", "b"], aio=True), AsyncMultiLock)
+    async with get_lock("invoice:1", aio=True):
+        pass
+
+
 assert_type(get_semaphore("pool", 3), PermitExpirableSemaphore)
 assert_type(get_latch("ready"), CountDownLatch)
 assert_type(get_rate_limiter("api", "10/s"), RateLimiter)
