@@ -189,15 +189,7 @@ def _async_lock(name: str, cache: str | Sequence[str] | None, label: str | None,
     """``get_lock(aio=True)``: checked like the sync form, then built on the asyncio twins of
     the caches' clients for the running loop (they renew and wait on the sync clients)."""
     from .engine import AsyncMultiLock, AsyncRedLock, AsyncRLock
-    from .engine.clients import async_twin, is_cluster
-
-    def on(client: Any) -> Any:
-        if is_cluster(client):  # an asyncio lock needs an asyncio RedisCluster: none here yet
-            raise TypeError(f"get_lock(aio=True) does not run on RLOCK['CLUSTER'] yet: take "
-                            f"AsyncRLock(redis.asyncio.RedisCluster(...), name, prefix) (or "
-                            f"another asyncio kind) on a cluster client of your own "
-                            f"(lock {name!r})")
-        return async_twin(client)
+    from .engine.clients import async_twin as on  # (a cluster's: an asyncio cluster client)
 
     several = isinstance(cache, (list, tuple))
     if several and kind is not None:

@@ -178,15 +178,20 @@ def test_no_warning_in_a_plain_thread_under_sync_to_async_or_with_aio():
     assert sync_lock_warnings(lambda: run(main())) == []
 
 
-def test_on_a_cluster_it_says_what_to_take_instead(settings, cluster):  # noqa: F811
-    """No asyncio cluster client comes from the settings yet: a clear TypeError naming the lock
-    and the engine's way (an asyncio RedisCluster of one's own), before any lock command."""
+def test_on_a_cluster_it_runs_on_the_slots_master(settings, cluster):  # noqa: F811
+    """With ``RLOCK["CLUSTER"]`` the settings give a sync cluster client: the asyncio lock gets
+    an asyncio cluster client of the same nodes, and its hold is on its slot's master."""
     settings.RLOCK = {"REDIS_URL": f"redis://127.0.0.1:{cluster.masters()[0].port}/0",
                       "CLUSTER": True, "PREFIX": "dj:"}
+    master = cluster.node_for_key("dj:report")
 
     async def main() -> None:
-        with pytest.raises(TypeError, match=r"does not run on RLOCK\['CLUSTER'\] yet.*"
-                                            r"AsyncRLock\(redis.asyncio.RedisCluster.*'report'"):
-            get_lock("report", aio=True)
+        for kind in (None, "fair", "write"):
+            lock = get_lock("report", aio=True, kind=kind)
+            async with lock:
+                assert await lock.is_locked()
+                with cluster.node_client(master) as c:
+                    assert c.exists("dj:report")
+            assert not await lock.is_locked()
 
     run(main())
