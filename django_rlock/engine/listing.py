@@ -18,9 +18,14 @@ Every kind of the family is listed, in Redisson's layout (``naming``):
   taken), ``latch``.
 
 The kind comes from the index entry (its JSON ``kind``; none = ``lock``). Without an entry
-(SCAN) it is read off the layout; a plain integer string is a semaphore or a latch, which
-Redisson stores alike, so it is shown as ``semaphore|latch``. Anything else (a cache value,
-somebody's own hash, the kinds' auxiliary keys) is never listed.
+(SCAN) it is read off the layout, but only where the layout proves it: a hash of
+``<owner>:<n>`` -> count fields (with a ``mode`` field, a fair queue or a fencing token for
+those kinds), or an integer string beside the zset of the permits taken (``permits``). A plain
+integer string with no index entry of a string kind is never listed, read or cleared: it may
+be a cache value (django-redis stores integers raw; with an empty or shared prefix they sit
+under the glob), and a Redisson semaphore or latch, which writes no index entry, looks the
+same. Anything else (a cache value, somebody's own hash, the kinds' auxiliary keys) is never
+listed.
 
 Costs are bounded: two pipelined round trips per ``BATCH`` keys (shapes, then contents, with
 the waiters' records: ``waiters``), and a third for the holders' and waiters' process records
@@ -358,7 +363,14 @@ class Locks:
             leases = got[4] if isinstance(got[4], list) else []
             probe["leases"] = [{"id": m.hex() if isinstance(m, bytes) else str(m),
                                 "ttl": seconds_left(sc, now_ms)} for m, sc in leases]
-        kind = self._kind_of(entry, None, "string", probe)
+        kind = kinds.get(kind_named(entry, None))
+        if kind is None or kind.layout != "string":
+            # No index entry of a string kind: an integer string proves nothing (a cache
+            # stores its integers raw; a Redisson semaphore and latch look the same), so only
+            # a kind a companion key proves is listed (permits: its ``{key}:timeout`` zset).
+            kind = kinds.recognise("string", probe)
+            if kind is not None and kind.detect is None:  # the layout's fallback: a guess
+                return None
         if kind is None:
             return None
         details = kind.details(probe, detail) if kind.details is not None else {}

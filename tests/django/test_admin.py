@@ -15,6 +15,7 @@ import pytest
 import redis
 from django.contrib.admin.models import DELETION, LogEntry
 from django.contrib.auth.models import Permission
+from django.core.cache import caches
 from django.test import Client
 from django.urls import resolve, reverse
 
@@ -339,3 +340,20 @@ def test_force_unlock_signal_names_the_admin_user(admin_user: Any, admin_client:
     finally:
         lock_force_unlocked.disconnect(receiver)
     assert [(s["name"], s["user"]) for s in seen] == [("job", admin_user)]
+
+
+def test_scan_with_an_empty_prefix_never_shows_or_unlocks_cache_integers(
+        settings: Any, admin_client: Client, hold: Callable[..., RLock], db1: redis.Redis) -> None:
+    """``PREFIX ""``: the cache's raw integers sit under the scan's glob and look like a
+    semaphore or latch; ``?scan=1`` lists only what is provably a lock, and the force-unlock
+    of such a key by its name leaves it (user audit)."""
+    settings.RLOCK = {"PREFIX": ""}
+    caches["default"].set("visits", 42, timeout=None)
+    hold(get_lock("ours"))
+    html = admin_client.get(reverse(CHANGELIST), {"scan": "1"}).content.decode()
+    assert lock_names(html) == ["ours"]
+    assert admin_client.get(detail_url("demo:1:visits"), {"scan": "1"}).status_code == 404
+    admin_client.post(unlock_url("demo:1:visits") + "?scan=1")
+    assert caches["default"].get("visits") == 42
+    admin_client.post(unlock_url("ours") + "?scan=1")
+    assert not db1.exists("ours") and caches["default"].get("visits") == 42

@@ -21,7 +21,7 @@ from django.core.cache import caches
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from django_rlock import get_lock
+from django_rlock import get_latch, get_lock
 from django_rlock.engine import RLock, identity
 from django_rlock.inspection import LockInspector, glob_escape
 from django_rlock.signals import lock_force_unlocked
@@ -396,3 +396,63 @@ def test_clear_wakes_a_waiter(hold: Callable[..., RLock], db1: redis.Redis) -> N
     assert got.wait(5)
     assert time.monotonic() - start < 2
     t.join(5)
+
+
+# -- what is never touched: an empty prefix over the cache's raw integers (user audit) -----
+def test_empty_prefix_scan_never_lists_or_clears_cache_integers(
+        settings: Any, hold: Callable[..., RLock], db1: redis.Redis) -> None:
+    """``PREFIX ""`` (Redisson's bare names) puts every cache key under the glob, and
+    django-redis stores an integer raw ("42"), just as a semaphore or latch is stored. Such a
+    string is listed and cleared only if its index entry says it is ours: the cache's values
+    survive ``clear --all --scan``; the real lock and latch beside them are cleared."""
+    settings.RLOCK = {"PREFIX": ""}
+    cache = caches["default"]
+    cache.set("visits", 42, timeout=None)
+    cache.set("page", "<html>", timeout=None)
+    assert db1.get("demo:1:visits") == b"42"  # raw: an integer string at the top level
+    hold(get_lock("ours"))
+    latch = get_latch("ours-latch")
+    assert latch.try_set_count(2)
+
+    listed = {d["name"]: d["kind"] for d in json.loads(run("list", "--scan", format="json"))}
+    assert listed == {"ours": "lock", "ours-latch": "latch"}
+    assert {d["name"] for d in json.loads(run("list", format="json"))} == set(listed)
+
+    err = StringIO()  # by name: refused, and said why
+    out = StringIO()
+    call_command("locks", "clear", "demo:1:visits", "--no-input", stdout=out, stderr=err)
+    assert out.getvalue() == "No locks to clear.\n"
+    assert "Not held: 'demo:1:visits': key 'demo:1:visits' exists but is not provably a lock" in (
+        err.getvalue())
+    with pytest.raises(CommandError, match="exists but is not provably a lock"):
+        run("show", "demo:1:visits")
+
+    assert "Force-unlocked 2 lock(s)." in run("clear", "--all", "--scan", "--no-input")
+    assert not db1.exists("ours") and not db1.exists("ours-latch")
+    assert cache.get("visits") == 42 and cache.get("page") == "<html>"
+    assert run("clear", "--all", "--scan", interactive=False) == "No locks to clear.\n"
+    assert cache.get("visits") == 42
+
+
+def test_clear_without_a_terminal_fails_cleanly(redis_server: RedisServer, db1: redis.Redis
+                                                ) -> None:
+    """cron, CI, ``< /dev/null``: the prompt reads end of input, which is a no, and the
+    command fails (exit 1) saying to pass --no-input, with no traceback."""
+    write_lock(db1, "demo:rlock:cron", indexed="demo:rlock:")
+    done = manage(redis_server, "clear", "cron", input="")
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert "Pass --no-input" in done.stderr and "Traceback" not in done.stderr
+    assert db1.exists("demo:rlock:cron")
+
+
+def test_list_table_escapes_names_json_keeps_them(db1: redis.Redis) -> None:
+    """A newline or a tab in a name would break the table's rows: the table shows the repr,
+    the JSON the exact name."""
+    for name in ("two\nlines", "tab\there", "plain"):
+        write_lock(db1, f"demo:rlock:{name}", indexed="demo:rlock:")
+    out = run("list")
+    assert len(out.splitlines()) == 5  # header, three rows, the count
+    assert [row["NAME"] for row in table(out)] == ["plain", "'tab\\there'", "'two\\nlines'"]
+    assert [d["name"] for d in json.loads(run("list", format="json"))] == [
+        "plain", "tab\there", "two\nlines"]
+    assert "name: 'two\\nlines'" in run("show", "two\nlines").splitlines()
