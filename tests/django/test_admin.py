@@ -27,6 +27,8 @@ from tests.django.conftest import write_lock
 pytestmark = pytest.mark.django_db
 
 CHANGELIST = "admin:django_rlock_lock_changelist"
+#: A Java Redisson client's uuid: its locks have no index entry (only --scan finds them).
+JAVA = "9a1b2c3d-0000-4000-8000-00000000a042"
 PREFIX = "demo:rlock:"
 
 
@@ -174,11 +176,11 @@ def test_force_unlock_only_touches_lock_hashes(admin_client: Client, db1: redis.
 # -- the pages ------------------------------------------------------------------------------
 def test_detail_shows_raw_hash_and_ttl(admin_client: Client, db1: redis.Redis) -> None:
     name = "a/b c?&#%ü"
-    write_lock(db1, f"demo:rlock:{name}", owner="uuid-1:140245372086080", count=3, ttl_ms=None)
+    write_lock(db1, f"demo:rlock:{name}", owner=f"{JAVA}:140245372086080", count=3, ttl_ms=None)
     page = admin_client.get(detail_url(name))
     assert page.status_code == 200
     html = page.content.decode()
-    assert "<code>uuid-1:140245372086080</code></td><td>3</td>" in html
+    assert f"<code>{JAVA}:140245372086080</code></td><td>3</td>" in html
     assert "no expiry" in html and "demo:rlock:a/b c?&amp;#%ü" in html
     assert admin_client.get(detail_url("missing")).status_code == 404
 
@@ -294,7 +296,7 @@ def test_scan_lists_locks_of_other_clients(settings: Any, admin_client: Client,
     search, pages, the detail and the force-unlock keep."""
     settings.RLOCK = {"ADMIN_PAGE_SIZE": 1}
     hold(get_lock("ours"))
-    write_lock(db1, "demo:rlock:theirs", owner="java-uuid:42", count=3)
+    write_lock(db1, "demo:rlock:theirs", owner=f"{JAVA}:42", count=3)
 
     html = admin_client.get(reverse(CHANGELIST)).content.decode()
     assert lock_names(html) == ["ours"]
@@ -307,7 +309,7 @@ def test_scan_lists_locks_of_other_clients(settings: Any, admin_client: Client,
     html = admin_client.get(reverse(CHANGELIST), {"scan": "1", "p": 2}).content.decode()
     assert lock_names(html) == ["theirs"]
     row = cells(html, "theirs")
-    assert (row["holders"], row["hold-count"]) == ("java-uuid:42", "3")
+    assert (row["holders"], row["hold-count"]) == (f"{JAVA}:42", "3")
     assert [row[k] for k in ("host", "pid", "process", "thread", "held")] == ["-"] * 5
     assert f'href="{detail_url("theirs")}?scan=1"' in html and f'href="{unlock_url("theirs")}?scan=1"' in html
 
