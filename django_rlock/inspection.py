@@ -2,13 +2,15 @@
 
 The reading is the engine's (``engine.listing``): locks are listed from the index that the
 acquire and release scripts keep, so a listing costs the same with 50 keys in the database or
-20 million; ``scan=True`` walks the keyspace with SCAN (MATCH prefix+glob, TYPE hash) instead,
+20 million; ``scan=True`` walks the keyspace with SCAN (MATCH prefix+glob) instead,
 to find locks taken by other Redisson clients (Java, Node), which never enter the index. The
 admin pages by slicing the sorted names and reads only the rows of the page.
 
 Every kind of the family is listed (``LockInfo.kind``: lock, fair, rw, semaphore, permits,
 latch, fenced) with its details, and force-unlocked the way its waiters expect
-(``engine.listing.Locks.force``).
+(``engine.listing.Locks.force``). Only what is provably a lock is listed or cleared: a plain
+integer string that no index entry names (a cache value, or a Redisson semaphore or latch,
+which look the same) never is, by name or by SCAN.
 """
 
 from __future__ import annotations
@@ -58,6 +60,11 @@ class LockInspector:
         """The raw hash (or value), holders, TTL and the kind's details of one lock (a fair
         lock's queue, each permit's lease); None if there is no such lock."""
         return self._locks.show(name)
+
+    def exists(self, name: str) -> bool:
+        """Whether the key of ``name`` exists at all (lock or not): ``locks clear`` and
+        ``show`` tell a key that is there but not provably a lock from one that is gone."""
+        return bool(name) and bool(self.client.exists(self.prefix + name))
 
     def clear(self, names: Iterable[str]) -> list[str]:
         """Force-unlock the named locks, each as its kind needs (delete its keys and publish,

@@ -18,9 +18,14 @@ Every kind of the family is listed, in Redisson's layout (``naming``):
   taken), ``latch``.
 
 The kind comes from the index entry (its JSON ``kind``; none = ``lock``). Without an entry
-(SCAN) it is read off the layout; a plain integer string is a semaphore or a latch, which
-Redisson stores alike, so it is shown as ``semaphore|latch``. Anything else (a cache value,
-somebody's own hash, the kinds' auxiliary keys) is never listed.
+(SCAN) it is read off the layout, but only where the layout proves it: a hash of
+``<client uuid>:<thread id>`` -> count fields, Redisson's shape (with a ``mode`` field, a fair
+queue or a fencing token for those kinds), or an integer string beside the zset of the
+permits taken (``permits``). A plain integer string with no index entry of a string kind is
+never listed, read or cleared: it may be a cache value (django-redis stores integers raw; with
+an empty or shared prefix they sit under the glob), and a Redisson semaphore or latch, which
+writes no index entry, looks the same. Anything else (a cache value, somebody's own hash, the
+kinds' auxiliary keys) is never listed.
 
 Costs are bounded: two pipelined round trips per ``BATCH`` keys (shapes, then contents, with
 the waiters' records: ``waiters``), and a third for the holders' and waiters' process records
@@ -104,6 +109,12 @@ _AUX_NAME = re.compile(r".+:\d+:rwlock_timeout:\d+", re.DOTALL)
 # A rate limiter's counter ``{key}:value`` (and Redisson's PER_CLIENT ``{key}:value:<id>``): an
 # integer string, which is no semaphore.
 _RATE_VALUE = re.compile(r".*\{.*\}.*:value(:[^:]+)?", re.DOTALL)
+
+
+# Redisson names an owner ``<client uuid>:<thread id>`` (java.util.UUID, lower case hex); so
+# does this package (``identity``). A hash with no index entry is a lock only with such fields.
+_CLIENT_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}(?![0-9a-f])",
+                          re.IGNORECASE)
 
 
 def glob_escape(text: str) -> str:
@@ -330,6 +341,11 @@ class Locks:
         holders = holders_of(fields, entry, kind.modes)
         if holders is None:
             return None
+        if kinds.get(kind_named(entry, "lock")) is not kind and not (
+                holders and all(_CLIENT_UUID.match(h.client_id) for h in holders)):
+            # No index entry says so: only Redisson's own field shape (<client uuid>:<thread>)
+            # proves a lock; somebody's counters ("page:12" -> 3) have the same layout.
+            return None
         probe["holders"] = holders
         probe["entry"] = entry
         details = kind.details(probe, detail) if kind.details is not None else {}
@@ -358,7 +374,14 @@ class Locks:
             leases = got[4] if isinstance(got[4], list) else []
             probe["leases"] = [{"id": m.hex() if isinstance(m, bytes) else str(m),
                                 "ttl": seconds_left(sc, now_ms)} for m, sc in leases]
-        kind = self._kind_of(entry, None, "string", probe)
+        kind = kinds.get(kind_named(entry, None))
+        if kind is None or kind.layout != "string":
+            # No index entry of a string kind: an integer string proves nothing (a cache
+            # stores its integers raw; a Redisson semaphore and latch look the same), so only
+            # a kind a companion key proves is listed (permits: its ``{key}:timeout`` zset).
+            kind = kinds.recognise("string", probe)
+            if kind is not None and kind.detect is None:  # the layout's fallback: a guess
+                return None
         if kind is None:
             return None
         details = kind.details(probe, detail) if kind.details is not None else {}

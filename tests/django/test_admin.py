@@ -15,6 +15,7 @@ import pytest
 import redis
 from django.contrib.admin.models import DELETION, LogEntry
 from django.contrib.auth.models import Permission
+from django.core.cache import caches
 from django.test import Client
 from django.urls import resolve, reverse
 
@@ -26,6 +27,8 @@ from tests.django.conftest import write_lock
 pytestmark = pytest.mark.django_db
 
 CHANGELIST = "admin:django_rlock_lock_changelist"
+#: A Java Redisson client's uuid: its locks have no index entry (only --scan finds them).
+JAVA = "9a1b2c3d-0000-4000-8000-00000000a042"
 PREFIX = "demo:rlock:"
 
 
@@ -173,11 +176,11 @@ def test_force_unlock_only_touches_lock_hashes(admin_client: Client, db1: redis.
 # -- the pages ------------------------------------------------------------------------------
 def test_detail_shows_raw_hash_and_ttl(admin_client: Client, db1: redis.Redis) -> None:
     name = "a/b c?&#%ü"
-    write_lock(db1, f"demo:rlock:{name}", owner="uuid-1:140245372086080", count=3, ttl_ms=None)
+    write_lock(db1, f"demo:rlock:{name}", owner=f"{JAVA}:140245372086080", count=3, ttl_ms=None)
     page = admin_client.get(detail_url(name))
     assert page.status_code == 200
     html = page.content.decode()
-    assert "<code>uuid-1:140245372086080</code></td><td>3</td>" in html
+    assert f"<code>{JAVA}:140245372086080</code></td><td>3</td>" in html
     assert "no expiry" in html and "demo:rlock:a/b c?&amp;#%ü" in html
     assert admin_client.get(detail_url("missing")).status_code == 404
 
@@ -293,7 +296,7 @@ def test_scan_lists_locks_of_other_clients(settings: Any, admin_client: Client,
     search, pages, the detail and the force-unlock keep."""
     settings.RLOCK = {"ADMIN_PAGE_SIZE": 1}
     hold(get_lock("ours"))
-    write_lock(db1, "demo:rlock:theirs", owner="java-uuid:42", count=3)
+    write_lock(db1, "demo:rlock:theirs", owner=f"{JAVA}:42", count=3)
 
     html = admin_client.get(reverse(CHANGELIST)).content.decode()
     assert lock_names(html) == ["ours"]
@@ -306,7 +309,7 @@ def test_scan_lists_locks_of_other_clients(settings: Any, admin_client: Client,
     html = admin_client.get(reverse(CHANGELIST), {"scan": "1", "p": 2}).content.decode()
     assert lock_names(html) == ["theirs"]
     row = cells(html, "theirs")
-    assert (row["holders"], row["hold-count"]) == ("java-uuid:42", "3")
+    assert (row["holders"], row["hold-count"]) == (f"{JAVA}:42", "3")
     assert [row[k] for k in ("host", "pid", "process", "thread", "held")] == ["-"] * 5
     assert f'href="{detail_url("theirs")}?scan=1"' in html and f'href="{unlock_url("theirs")}?scan=1"' in html
 
@@ -339,3 +342,20 @@ def test_force_unlock_signal_names_the_admin_user(admin_user: Any, admin_client:
     finally:
         lock_force_unlocked.disconnect(receiver)
     assert [(s["name"], s["user"]) for s in seen] == [("job", admin_user)]
+
+
+def test_scan_with_an_empty_prefix_never_shows_or_unlocks_cache_integers(
+        settings: Any, admin_client: Client, hold: Callable[..., RLock], db1: redis.Redis) -> None:
+    """``PREFIX ""``: the cache's raw integers sit under the scan's glob and look like a
+    semaphore or latch; ``?scan=1`` lists only what is provably a lock, and the force-unlock
+    of such a key by its name leaves it (user audit)."""
+    settings.RLOCK = {"PREFIX": ""}
+    caches["default"].set("visits", 42, timeout=None)
+    hold(get_lock("ours"))
+    html = admin_client.get(reverse(CHANGELIST), {"scan": "1"}).content.decode()
+    assert lock_names(html) == ["ours"]
+    assert admin_client.get(detail_url("demo:1:visits"), {"scan": "1"}).status_code == 404
+    admin_client.post(unlock_url("demo:1:visits") + "?scan=1")
+    assert caches["default"].get("visits") == 42
+    admin_client.post(unlock_url("ours") + "?scan=1")
+    assert not db1.exists("ours") and caches["default"].get("visits") == 42

@@ -21,7 +21,7 @@ from django.core.cache import caches
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from django_rlock import get_lock
+from django_rlock import get_latch, get_lock
 from django_rlock.engine import RLock, identity
 from django_rlock.inspection import LockInspector, glob_escape
 from django_rlock.signals import lock_force_unlocked
@@ -29,6 +29,8 @@ from tests.django.conftest import DJANGO_REDIS_DB, write_lock
 from tests.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parents[2]
+#: A Java Redisson client's uuid: its locks have no index entry (only --scan finds them).
+JAVA = "9a1b2c3d-0000-4000-8000-00000000a042"
 
 
 def run(*args: str, **options: Any) -> str:
@@ -44,6 +46,7 @@ def foreign_keys(db1: redis.Redis) -> None:
     db1.hset("demo:rlock:almost", "owner:12", "many")     # right field, non-integer count
     db1.set("demo:rlock:string", "v")                    # not a hash
     db1.hset("other:rlock:elsewhere", "a:1", 1)          # lock-shaped, other prefix
+    db1.hset("demo:rlock:counters", "page:12", 3)        # lock-shaped, but no client uuid
 
 
 def foreign_state(db1: redis.Redis) -> dict[str, Any]:
@@ -53,11 +56,12 @@ def foreign_state(db1: redis.Redis) -> dict[str, Any]:
         "almost": db1.hgetall("demo:rlock:almost"),
         "string": db1.get("demo:rlock:string"),
         "elsewhere": db1.hgetall("other:rlock:elsewhere"),
+        "counters": db1.hgetall("demo:rlock:counters"),
     }
 
 
 FOREIGN = {"x": 1, "plain-hash": {b"field": b"value"}, "almost": {b"owner:12": b"many"},
-           "string": b"v", "elsewhere": {b"a:1": b"1"}}
+           "string": b"v", "elsewhere": {b"a:1": b"1"}, "counters": {b"page:12": b"3"}}
 
 
 
@@ -94,7 +98,7 @@ def thread_named(name: str) -> threading.Thread:
 def test_list_table_and_json(hold: Callable[..., RLock], db1: redis.Redis) -> None:
     foreign_keys(db1)
     lock = hold(get_lock("orders/42:pay"), times=2)
-    write_lock(db1, "demo:rlock:batch", owner="java-client:77", count=1, ttl_ms=None)
+    write_lock(db1, "demo:rlock:batch", owner=f"{JAVA}:77", count=1, ttl_ms=None)
     field = db1.hkeys(lock.key)[0].decode()
 
     out = run("list")  # the index: the lock another client wrote by hand is not in it
@@ -105,7 +109,7 @@ def test_list_table_and_json(hold: Callable[..., RLock], db1: redis.Redis) -> No
 
     out = run("list", "--scan")
     batch, orders = table(out)
-    assert batch == {"NAME": "batch", "KIND": "lock", "HOLDER": "java-client:77", "HOLDS": "1",
+    assert batch == {"NAME": "batch", "KIND": "lock", "HOLDER": f"{JAVA}:77", "HOLDS": "1",
                      "HOST": "-", "PID": "-", "PROCESS": "-", "THREAD": "-", "HELD": "-",
                      "TTL": "no expiry", "WAITING": "0", "DETAILS": ""}
     assert orders == row | {"HELD": orders["HELD"], "TTL": orders["TTL"]}
@@ -115,7 +119,7 @@ def test_list_table_and_json(hold: Callable[..., RLock], db1: redis.Redis) -> No
     data = json.loads(run("list", "--scan", format="json"))
     assert [d["name"] for d in data] == ["batch", "orders/42:pay"]
     assert data[0] == {"name": "batch", "key": "demo:rlock:batch", "ttl": None, "holders": [
-        {"client_id": "java-client", "thread_id": 77, "hold_count": 1, "host": None, "pid": None,
+        {"client_id": JAVA, "thread_id": 77, "hold_count": 1, "host": None, "pid": None,
          "process": None, "thread": None, "held_for": None}], "kind": "lock", "waiters": []}
     client_id, thread_id = field.rsplit(":", 1)
     [holder] = data[1]["holders"]
@@ -164,17 +168,17 @@ def test_list_shows_where_a_lock_is_held(hold: Callable[..., RLock], db1: redis.
 def test_foreign_lock_is_listed_only_with_scan(db1: redis.Redis) -> None:
     """Another Redisson client (Java, Node) writes no index entry: --scan finds its lock,
     with what is unknown about the holder as nulls."""
-    write_lock(db1, "demo:rlock:from-java", owner="java-uuid:42", count=3)
+    write_lock(db1, "demo:rlock:from-java", owner=f"{JAVA}:42", count=3)
     assert run("list") == "No locks under prefix 'demo:rlock:'.\n"
     assert json.loads(run("list", format="json")) == []
     [row] = table(run("list", "--scan"))
-    assert row["HOLDER"] == "java-uuid:42" and row["HOLDS"] == "3"
+    assert row["HOLDER"] == f"{JAVA}:42" and row["HOLDS"] == "3"
     assert [row[k] for k in ("HOST", "PID", "PROCESS", "THREAD", "HELD")] == ["-"] * 5
     [info] = json.loads(run("list", "--scan", format="json"))
-    assert info["holders"] == [{"client_id": "java-uuid", "thread_id": 42, "hold_count": 3, "host": None,
+    assert info["holders"] == [{"client_id": JAVA, "thread_id": 42, "hold_count": 3, "host": None,
                                 "pid": None, "process": None, "thread": None, "held_for": None}]
     out = run("show", "from-java")  # show reads the key itself: no listing involved
-    assert "  process:      -" in out and "  os thread id: -" in out and "  java-uuid:42 -> 3" in out
+    assert "  process:      -" in out and "  os thread id: -" in out and f"  {JAVA}:42 -> 3" in out
     assert json.loads(run("show", "from-java", format="json"))["holders"][0]["pid"] is None
     assert not db1.exists("rlock-index:demo:rlock:")  # listing never writes the index
 
@@ -238,7 +242,7 @@ def test_decode_responses_client(monkeypatch: pytest.MonkeyPatch, db1: redis.Red
                                  redis_server: RedisServer) -> None:
     write_lock(db1, "demo:rlock:text", owner="abc:5", count=3, indexed="demo:rlock:", host="web-1",
                pid=12, process="runserver", thread="Thread-3", os_thread_id=99)
-    write_lock(db1, "demo:rlock:java", owner="java:6")
+    write_lock(db1, "demo:rlock:java", owner=f"{JAVA}:6")
     db1.hset("demo:rlock:plain", "k", "v")
     text_client = redis_server.client(db=DJANGO_REDIS_DB, decode_responses=True)
     monkeypatch.setattr("django_rlock.inspection.get_client", lambda alias: text_client)
@@ -396,3 +400,65 @@ def test_clear_wakes_a_waiter(hold: Callable[..., RLock], db1: redis.Redis) -> N
     assert got.wait(5)
     assert time.monotonic() - start < 2
     t.join(5)
+
+
+# -- what is never touched: an empty prefix over the cache's raw integers (user audit) -----
+def test_empty_prefix_scan_never_lists_or_clears_cache_integers(
+        settings: Any, hold: Callable[..., RLock], db1: redis.Redis) -> None:
+    """``PREFIX ""`` (Redisson's bare names) puts every cache key under the glob, and
+    django-redis stores an integer raw ("42"), just as a semaphore or latch is stored. Such a
+    string is listed and cleared only if its index entry says it is ours: the cache's values
+    survive ``clear --all --scan``; the real lock and latch beside them are cleared."""
+    settings.RLOCK = {"PREFIX": ""}
+    cache = caches["default"]
+    cache.set("visits", 42, timeout=None)
+    cache.set("page", "<html>", timeout=None)
+    assert db1.get("demo:1:visits") == b"42"  # raw: an integer string at the top level
+    db1.hincrby("stats", "page:12", 3)  # somebody's counters: a lock's layout, no client uuid
+    hold(get_lock("ours"))
+    latch = get_latch("ours-latch")
+    assert latch.try_set_count(2)
+
+    listed = {d["name"]: d["kind"] for d in json.loads(run("list", "--scan", format="json"))}
+    assert listed == {"ours": "lock", "ours-latch": "latch"}
+    assert {d["name"] for d in json.loads(run("list", format="json"))} == set(listed)
+
+    err = StringIO()  # by name: refused, and said why
+    out = StringIO()
+    call_command("locks", "clear", "demo:1:visits", "--no-input", stdout=out, stderr=err)
+    assert out.getvalue() == "No locks to clear.\n"
+    assert "Not held: 'demo:1:visits': key 'demo:1:visits' exists but is not provably a lock" in (
+        err.getvalue())
+    with pytest.raises(CommandError, match="exists but is not provably a lock"):
+        run("show", "demo:1:visits")
+
+    assert "Force-unlocked 2 lock(s)." in run("clear", "--all", "--scan", "--no-input")
+    assert not db1.exists("ours") and not db1.exists("ours-latch")
+    assert cache.get("visits") == 42 and cache.get("page") == "<html>"
+    assert db1.hgetall("stats") == {b"page:12": b"3"}
+    assert run("clear", "--all", "--scan", interactive=False) == "No locks to clear.\n"
+    assert cache.get("visits") == 42
+
+
+def test_clear_without_a_terminal_fails_cleanly(redis_server: RedisServer, db1: redis.Redis
+                                                ) -> None:
+    """cron, CI, ``< /dev/null``: the prompt reads end of input, which is a no, and the
+    command fails (exit 1) saying to pass --no-input, with no traceback."""
+    write_lock(db1, "demo:rlock:cron", indexed="demo:rlock:")
+    done = manage(redis_server, "clear", "cron", input="")
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert "Pass --no-input" in done.stderr and "Traceback" not in done.stderr
+    assert db1.exists("demo:rlock:cron")
+
+
+def test_list_table_escapes_names_json_keeps_them(db1: redis.Redis) -> None:
+    """A newline or a tab in a name would break the table's rows: the table shows the repr,
+    the JSON the exact name."""
+    for name in ("two\nlines", "tab\there", "plain"):
+        write_lock(db1, f"demo:rlock:{name}", indexed="demo:rlock:")
+    out = run("list")
+    assert len(out.splitlines()) == 5  # header, three rows, the count
+    assert [row["NAME"] for row in table(out)] == ["plain", "'tab\\there'", "'two\\nlines'"]
+    assert [d["name"] for d in json.loads(run("list", format="json"))] == [
+        "plain", "tab\there", "two\nlines"]
+    assert "name: 'two\\nlines'" in run("show", "two\nlines").splitlines()

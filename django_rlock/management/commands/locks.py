@@ -1,10 +1,14 @@
 """``manage.py locks list|show|clear|doctor``: see and force-unlock the live locks in Redis,
 and check the health of the lock machinery and the server's settings (``doctor``).
 
-Every kind of the family is shown (KIND: lock, fair, rw, semaphore, permits, latch, fenced, leader;
-``semaphore|latch`` for an integer string no index entry names) with its details: permits
-available and taken, a latch's count, a read-write lock's mode, readers and writer, a fair
-lock's queue, a fenced lock's token.
+Every kind of the family is shown (KIND: lock, fair, rw, semaphore, permits, latch, fenced, leader)
+with its details: permits available and taken, a latch's count, a read-write lock's mode,
+readers and writer, a fair lock's queue, a fenced lock's token. A plain integer string that no
+index entry names is never listed nor cleared (it may be a cache value); ``clear NAME`` and
+``show NAME`` of one say so and leave it alone.
+
+The table form shows a name (or any cell) that is not printable (a newline, a tab) in Python's
+repr, quoted, so a row stays one line; ``--format json`` keeps the exact names.
 """
 
 from __future__ import annotations
@@ -36,7 +40,20 @@ def format_held(seconds: float | None) -> str:
 
 
 def _cell(value: Any) -> str:
-    return UNKNOWN if value is None else str(value)
+    return UNKNOWN if value is None else printable(str(value))
+
+
+def printable(text: str) -> str:
+    """``text`` for a table or a line of text: as is if printable, else its repr (quoted,
+    ``\\n`` for a newline), so a name with a newline or a tab cannot break the layout."""
+    return text if text.isprintable() else repr(text)
+
+
+def _not_a_lock(inspector: LockInspector, name: str) -> str:
+    """Why a key that exists is left alone (``clear NAME``, ``show NAME``)."""
+    return (f"key {inspector.prefix + name!r} exists but is not provably a lock (no index entry "
+            f"names it and its layout proves no kind: a plain integer string may be a cache "
+            f"value, and a Redisson semaphore or latch looks the same); left untouched")
 
 
 class Command(BaseCommand):
@@ -108,7 +125,7 @@ class Command(BaseCommand):
             return
         header = ("NAME", "KIND", "HOLDER", "HOLDS", "HOST", "PID", "PROCESS", "THREAD", "HELD",
                   "TTL", "WAITING", "DETAILS")
-        rows = [(info.name, info.kind, *_holder_cells(h), format_ttl(info.ttl),
+        rows = [(printable(info.name), info.kind, *_holder_cells(h), format_ttl(info.ttl),
                  str(len(info.waiters)), info.summary())
                 for info in locks for h in (info.holders or (None,))]
         widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
@@ -120,11 +137,14 @@ class Command(BaseCommand):
     def handle_show(self, inspector: LockInspector, *, name: str, format: str, **options: Any) -> None:
         info = inspector.show(name)
         if info is None:
+            if inspector.exists(name):
+                raise CommandError(f"No lock {name!r}: {_not_a_lock(inspector, name)}.")
             raise CommandError(f"No lock {name!r} (key {inspector.prefix + name!r}) is held.")
         if format == "json":
             self.stdout.write(json.dumps(_show_json(info), indent=2))
             return
-        self.stdout.write(f"name: {info.name}\nkey:  {info.key}\nttl:  {format_ttl(info.ttl)}\n"
+        self.stdout.write(f"name: {printable(info.name)}\nkey:  {printable(info.key)}\n"
+                          f"ttl:  {format_ttl(info.ttl)}\n"
                           f"kind: {info.kind}")
         for line in _show_details(info):
             self.stdout.write(line)
@@ -134,11 +154,11 @@ class Command(BaseCommand):
         for w in info.waiters:
             self.stdout.write(_show_waiter(w))
         if info.value is not None:
-            self.stdout.write(f"value: {info.value}")
+            self.stdout.write(f"value: {printable(info.value)}")
             return
         self.stdout.write("hash:")
         for f, v in info.fields.items():
-            self.stdout.write(f"  {f} -> {v}")
+            self.stdout.write(f"  {printable(f)} -> {printable(v)}")
 
     def handle_clear(self, inspector: LockInspector, *, names: list[str], all: bool, scan: bool,
                      interactive: bool, **options: Any) -> None:
@@ -148,8 +168,10 @@ class Command(BaseCommand):
             raise CommandError("--scan goes with --all (named locks are read directly).")
         targets = (inspector.names(scan=scan) if all
                    else [i.name for i in inspector.fetch(dict.fromkeys(names))])
-        for missing in sorted(set(names) - set(targets)):
-            self.stderr.write(f"Not held: {missing!r}")
+        for name in sorted(set(names) - set(targets)):
+            # A key that is there but not provably a lock may be a cache value: never deleted.
+            why = f": {_not_a_lock(inspector, name)}" if inspector.exists(name) else ""
+            self.stderr.write(f"Not held: {name!r}{why}")
         if not targets:
             self.stdout.write("No locks to clear.")
             return
@@ -157,7 +179,12 @@ class Command(BaseCommand):
             self.stdout.write(f"About to force-unlock {len(targets)} lock(s) under prefix "
                               f"{inspector.prefix!r}: {_preview(targets)}\nTheir holders keep running "
                               f"without exclusion.")
-            answer = input("Type 'yes' to continue, or 'no' to cancel: ")
+            try:
+                answer = input("Type 'yes' to continue, or 'no' to cancel: ")
+            except EOFError:  # no terminal (cron, CI, < /dev/null): no answer is a no
+                raise CommandError("No answer to the confirmation (standard input is closed); "
+                                   "nothing was unlocked. Pass --no-input to force-unlock "
+                                   "without asking.") from None
             if answer != "yes":
                 self.stdout.write("Cancelled; nothing was unlocked.")
                 return
@@ -216,5 +243,5 @@ def _row(cells: tuple[str, ...], widths: list[int]) -> str:
 
 
 def _preview(names: list[str], limit: int = 10) -> str:
-    shown = ", ".join(names[:limit])
+    shown = ", ".join(map(printable, names[:limit]))
     return shown + (f", ... ({len(names) - limit} more)" if len(names) > limit else "")
