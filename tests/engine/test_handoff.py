@@ -172,6 +172,22 @@ def test_a_lease_mode_heir_has_its_whole_lease_when_it_returns(r, redis_server, 
     assert 8_000 < r.pttl("xl") <= 10_000
 
 
+def test_a_grant_leaves_nothing_in_redis_without_an_expiry(r, redis_server, holders, procs):
+    """The heir's grant record ("=<owner>") is what is left of the line once the heir was
+    its last waiter. It lives with the line's expiry: a heir that never releases (a lease
+    that runs out, a crash) once left the record in a hash without one, forever, per name."""
+    lock, holder, waiter = held_with_a_waiter_in_line(r, redis_server, holders, procs, "xe", "5")
+    time.sleep(0.3)
+    holder.call(lock.unlock)
+    waiter.expect("locked")
+    left = r.hkeys(handoff_waiters("xe"))
+    assert len(left) == 1 and left[0].startswith(b"=")  # the heir's grant record
+    assert r.pttl(handoff_waiters("xe")) > 0
+    waiter.kill()  # its hold is left to expire: nobody deletes the record
+    for key in r.keys("*xe*"):
+        assert r.pttl(key) > 0, key
+
+
 def test_a_sigkilled_waiter_in_line_costs_at_most_the_grant_lease(r, redis_server, holders, procs):
     """The dead waiter is first in line: the release grants it the lock, which then expires
     unannounced after the short grant lease, and the next waiter, told of the grant, checks

@@ -74,11 +74,15 @@ if token then
     while token do
       local entry = redis.call('hget', KEYS[5], token)
       if entry then
-        if mine then
-          redis.call('hdel', KEYS[5], token, mine)
-          mine = nil
-        else
-          redis.call('hdel', KEYS[5], token)
+        -- The entry leaves the hash after the grant record is in it: an HSET into a hash
+        -- its last HDEL removed would make it again without an expiry, a key left forever.
+        local function taken()
+          if mine then
+            redis.call('hdel', KEYS[5], token, mine)
+            mine = nil
+          else
+            redis.call('hdel', KEYS[5], token)
+          end
         end
         local deadline, grant, info = string.match(entry, '^(%d+) (%d+) (.*)$')
         local heir = string.match(token, '^(.*)#')
@@ -106,6 +110,7 @@ if token then
           local next = ARGV[10]
           if not next or next == '' then
             redis.call('hset', KEYS[5], '=' .. heir, token)
+            taken()
             return token
           end
           -- The releasing process's heir gets in line behind everyone here, as its own
@@ -116,10 +121,12 @@ if token then
           if budget >= 0 and budget < valid then valid = budget end
           redis.call('hset', KEYS[5], '=' .. heir, token, next,
                      (now + valid) .. ' ' .. ARGV[12] .. ' ' .. stamped(ARGV[7], now))
+          taken()
           -- #include keep_line
           keep_line(KEYS[4], KEYS[5], valid, redis.call('rpush', KEYS[4], next))
           return {token, 1}
         end
+        taken()
       end
       token = redis.call('lpop', KEYS[4])
     end
