@@ -6,9 +6,12 @@ write or at its exit. A section with no ``X`` line whose worker was SIGKILLed en
 (it did nothing after it); one with neither is *unfinished* (reported; a worker's thread
 always writes ``X``).
 
-**Overlaps.** On one lock, two sections overlap if their intervals intersect, except two
-``read`` sections of the ``rw`` lock; on the semaphore, an overlap is a moment with more
-sections inside than ``SEM_PERMITS``. Each is
+**Overlaps.** On one lock, two sections overlap if their intervals intersect, unless neither
+is of an exclusive kind (``EXCLUSIVE``: ``rlock``, ``fenced``, ``write``, ``fair``, ``aio``,
+``afair``; so two ``read`` sections of the ``rw`` lock may meet). A lock may be taken by
+several kinds (``rlock:0`` by ``rlock`` threads and ``aio`` tasks, ``fair:*`` by ``fair``
+and ``afair``): the sections of all of them are one history. On the semaphore, an overlap
+is a moment with more sections inside than ``SEM_PERMITS``. Each is
 
 - *explained* by ``restart`` if the lock server restarted empty between an earlier holder's
   acquire call and the overlap (its lock was reset, whether or not it heard yet);
@@ -39,9 +42,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.faults.worker import SEM_PERMITS
-
-EXCLUSIVE = ("rlock", "fenced", "write")
+from tests.faults.worker import EXCLUSIVE, SEM_PERMITS
 
 
 @dataclass
@@ -223,8 +224,8 @@ class Checker:
             for b in secs:
                 active = [a for a in active if a.exit > b.enter]  # type: ignore[operator]
                 for a in active:
-                    if a.kind == "read" and b.kind == "read":
-                        continue
+                    if a.kind not in EXCLUSIVE and b.kind not in EXCLUSIVE:
+                        continue  # two reads of the ``rw`` lock
                     end = min(a.exit, b.exit)  # type: ignore[type-var]
                     why = self.explain([a, b], b.enter, end)
                     pairs[frozenset((a.sid, b.sid))] = why

@@ -66,6 +66,8 @@ class FaultRun:
     seconds: float
     workers: int = 3
     threads: int = 3
+    loops: int = 1                       # event loops (threads) per worker, for async kinds
+    tasks: int = 3                       # asyncio tasks per event loop
     lease: float = 2.0
     gap: tuple[float, float] = (0.4, 1.0)
     kinds: tuple[str, ...] = ROUND
@@ -100,6 +102,7 @@ class FaultRun:
             [sys.executable, "-m", "tests.faults.worker", "--lock", self.lock_server.socket,
              "--store", self.store_server.socket, "--out", os.path.join(self.dir, f"{wid}.jsonl"),
              "--seed", str(self.seed), "--wid", wid, "--threads", str(self.threads),
+             "--loops", str(self.loops), "--tasks", str(self.tasks),
              "--lease", str(self.lease), "--kinds", ",".join(self.lock_kinds)],
             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=err)
         err.close()
@@ -207,7 +210,8 @@ class FaultRun:
                 self.start_worker()
             self.t0 = time.monotonic()
             self.fault("run", self.t0, self.t0 + self.seconds, seed=self.seed, lease=self.lease,
-                       workers=self.workers, threads=self.threads, broken=self.broken)
+                       workers=self.workers, threads=self.threads, loops=self.loops, tasks=self.tasks,
+                       lock_kinds=list(self.lock_kinds), broken=self.broken)
             end = self.t0 + self.seconds
             plan = self.schedule()
             next_at = self.t0 + self.warmup
