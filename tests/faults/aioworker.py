@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import redis.asyncio
 
 from django_rlock.engine import AsyncFairLock, AsyncRLock
-from tests.faults.worker import BREAK, FENCE_LUA, lock_name, pick
+from tests.faults.worker import BREAK, FENCE_LUA, lock_name, pick, where
 
 if TYPE_CHECKING:
     from tests.faults.worker import Worker
@@ -108,12 +108,13 @@ class Tasks:
             got = await lock.try_lock(wait_time=budget)
         except Exception as exc:
             w.write({"t": "A", "sid": sid, "kind": kind, "lock": name, "t_try": t_try,
-                     "at": time.monotonic(), "err": type(exc).__name__})
+                     "budget": budget, "at": time.monotonic(), "err": type(exc).__name__,
+                     "where": where(exc)})
             await asyncio.sleep(0.02)
             return
         if not got:
             rec: dict[str, Any] = {"t": "F", "sid": sid, "kind": kind, "lock": name,
-                                   "t_try": t_try, "at": time.monotonic()}
+                                   "t_try": t_try, "budget": budget, "at": time.monotonic()}
             rec["held"] = await self.held(lock)
             if rec["held"]:
                 try:
@@ -125,7 +126,8 @@ class Tasks:
             return
         enter = time.monotonic()
         w.write({"t": "E", "sid": sid, "pid": os.getpid(), "wid": w.wid, "thread": ti,
-                 "kind": kind, "lock": name, "t_try": t_try, "enter": enter, "token": None})
+                 "kind": kind, "lock": name, "t_try": t_try, "budget": budget, "enter": enter,
+                 "token": None})
         rec = {"t": "X", "sid": sid}
         try:
             key = "c:" + name
@@ -152,7 +154,7 @@ class Tasks:
             await lock.unlock()
             done["released"] = True
         except Exception as exc:
-            done["released"] = type(exc).__name__
+            done["released"], done["where"] = type(exc).__name__, where(exc)
         w.write(done)
 
     async def loop(self, ti: int) -> None:

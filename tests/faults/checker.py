@@ -44,6 +44,10 @@ from typing import Any
 
 from tests.faults.worker import EXCLUSIVE, SEM_PERMITS
 
+#: How long after its budget an acquire call may answer before it counts as late (s): the
+#: last attempt's round trip, a reconnection, a loaded 2-core machine.
+LATE = 1.0
+
 
 @dataclass
 class Section:
@@ -70,6 +74,7 @@ class Report:
     stale_unexplained: list[dict[str, Any]]
     unowned: list[dict[str, Any]]
     phantoms: list[dict[str, Any]]
+    late: list[dict[str, Any]] = field(default_factory=list)
 
     def problems(self) -> dict[str, int]:
         """The defects found (each must be 0)."""
@@ -119,6 +124,15 @@ class Checker:
         self.pauses = [(f["at"], f["until"]) for f in self.faults
                        if f["kind"].startswith("pause") and not f["kind"].endswith("failed")
                        and f["until"] - f["at"] >= long]
+        #: Every stop and pause, however short, and every restart: what may hold up an answer.
+        self.any_stops: dict[str, list[tuple[float, float]]] = defaultdict(list)
+        for f in self.faults:
+            if f["kind"].startswith("stop"):
+                self.any_stops[f["wid"]].append((f["at"], f["until"]))
+        self.any_pauses = [(f["at"], f["until"]) for f in self.faults
+                           if f["kind"] in ("pause_write", "pause_all", "restart")]
+        #: (sid, wid, kind, lock, t_try, budget, answered at, outcome) of every acquire call.
+        self.answers: list[tuple[str, str, str, str, float, float, float, str]] = []
         self.sections: dict[str, Section] = {}
         self.counts: Counter[str] = Counter()
         self.errors: Counter[str] = Counter()
@@ -132,6 +146,12 @@ class Checker:
         for path in sorted(glob.glob(os.path.join(self.dir, "w*.jsonl"))):
             for rec in _lines(path):
                 t = rec["t"]
+                if t in ("E", "F", "A") and rec.get("budget") is not None:
+                    self.answers.append((rec["sid"], rec["sid"].split(".")[0], rec["kind"],
+                                         rec["lock"], rec["t_try"], rec["budget"],
+                                         rec["enter"] if t == "E" else rec["at"],
+                                         {"E": "acquired", "F": "not acquired"}.get(
+                                             t, rec.get("err", "?"))))
                 if t == "E":
                     self.sections[rec["sid"]] = Section(
                         rec["sid"], rec["wid"], rec["kind"], rec["lock"], rec["t_try"],
@@ -315,6 +335,32 @@ class Checker:
         return {"total": total, "explained": explained, "unexplained": total - explained,
                 "details": bad}
 
+    def late(self) -> dict[str, Any]:
+        """Acquire calls answered more than ``LATE`` s after their budget ran out. Explained
+        if the caller's worker was stopped, or the server paused or restarted, meanwhile;
+        the others are reported, not failed (a starved CPU; a wait that overran its budget)."""
+        total = explained = 0
+        bad = []
+        for sid, wid, kind, lock, t_try, budget, at, outcome in self.answers:
+            over = at - t_try - budget
+            if over <= LATE:
+                continue
+            total += 1
+            if self._meets(self.any_stops[wid], t_try, at) or self._meets(self.any_pauses, t_try, at):
+                explained += 1
+                continue
+            rel = self.t0
+            bad.append({"sid": sid, "kind": kind, "lock": lock, "t_try": round(t_try - rel, 3),
+                        "budget": budget, "answered": round(at - rel, 3), "over": round(over, 3),
+                        "outcome": outcome,
+                        "faults": [{**f, "at": round(f["at"] - rel, 3),
+                                    "until": round(f["until"] - rel, 3)}
+                                   for f in self.faults if f["kind"] not in ("run", "start", "end")
+                                   and f["at"] <= at and f["until"] >= t_try - 0.5]})
+        bad.sort(key=lambda b: -b["over"])
+        return {"total": total, "explained": explained, "unexplained": total - explained,
+                "worst_unexplained": bad[0]["over"] if bad else 0.0, "details": bad}
+
     def repeated_tokens(self) -> int:
         seen: dict[tuple[str, int], int] = Counter()  # type: ignore[assignment]
         for s in self.sections.values():
@@ -327,6 +373,7 @@ class Checker:
         lost = self.lost_updates(pairs)
         stale = self.stale_writes()
         unowned = self.unowned()
+        late = self.late()
         why = Counter(o["why"] for o in found)
         faults = Counter(f["kind"] for f in self.faults if f["kind"] not in ("run", "start", "end")
                          and not f.get("at_end"))
@@ -345,6 +392,7 @@ class Checker:
             "repeated_tokens": self.repeated_tokens(),
             "unowned_sections": {k: v for k, v in unowned.items() if k != "details"},
             "phantom_holds": len(self.phantoms),
+            "late_answers": {k: v for k, v in late.items() if k != "details"},
             "sections_killed": sum(s.killed for s in self.sections.values()),
             "sections_unfinished": sum(s.unfinished for s in self.sections.values()),
             "told_at_exit": sum(s.told for s in self.sections.values()),
@@ -352,7 +400,7 @@ class Checker:
         }
         return Report(summary, [o for o in found if o["why"] == "silent"],
                       [o for o in found if o["why"] == "told"], lost["details"], stale["details"],
-                      unowned["details"], self.phantoms)
+                      unowned["details"], self.phantoms, late["details"])
 
 
 def check(directory: str) -> Report:
@@ -376,6 +424,10 @@ def format_summary(s: dict[str, Any]) -> str:
         f"holders not told their hold was gone: {s['unowned_sections']['unexplained']} "
         f"(and {s['unowned_sections']['explained']} whose server restarted); "
         f"phantom holds (try_lock False, field there) {s['phantom_holds']}",
+        f"acquire calls answered over {LATE:g} s past their budget: "
+        f"{s['late_answers']['total']} (after a stop, pause or restart "
+        f"{s['late_answers']['explained']}; without one {s['late_answers']['unexplained']}, "
+        f"the worst {s['late_answers']['worst_unexplained']} s over)",
         f"sections killed {s['sections_killed']}, unfinished {s['sections_unfinished']}, "
         f"told lost {s['told_at_exit']}",
         "other: " + ", ".join(f"{k} {v}" for k, v in s["other"].items()),

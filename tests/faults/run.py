@@ -56,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
                              ("unexplained stale fenced write", report.stale_unexplained),
                              ("holder not told its hold was gone", report.unowned),
                              ("phantom hold", report.phantoms),
-                             ("overlap told without an injected fault", report.told_only)):
+                             ("overlap told without an injected fault", report.told_only),
+                             ("late answer without a fault", report.late)):
             for item in items[:args.show]:
                 print(f"-- {title}: {json.dumps(item, default=str)}")
         failed |= not report.ok()

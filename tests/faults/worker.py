@@ -42,6 +42,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from typing import Any
 
 import redis
@@ -81,6 +82,12 @@ return {ok, max}
 """
 
 BREAK = os.environ.get("RLOCK_FAULTS_BREAK", "")
+
+
+def where(exc: BaseException) -> str:
+    """Where an error came from: its innermost frames, for reading a run's histories."""
+    frames = traceback.extract_tb(exc.__traceback__)[-4:]
+    return " < ".join(f"{os.path.basename(f.filename)}:{f.lineno} {f.name}" for f in reversed(frames))
 
 
 def lock_name(kind: str, i: int) -> str:
@@ -211,12 +218,13 @@ class Worker:
                 got = lock.try_lock(wait_time=budget)
         except Exception as exc:
             self.write({"t": "A", "sid": sid, "kind": kind, "lock": name, "t_try": t_try,
-                        "at": time.monotonic(), "err": type(exc).__name__})
+                        "budget": budget, "at": time.monotonic(), "err": type(exc).__name__,
+                        "where": where(exc)})
             time.sleep(0.02)
             return
         if not got:
             rec = {"t": "F", "sid": sid, "kind": kind, "lock": name, "t_try": t_try,
-                   "at": time.monotonic()}
+                   "budget": budget, "at": time.monotonic()}
             if kind != "sem":
                 # Told it did not get the lock: its field must not be there (a waiter whose
                 # withdrawal failed, or a grant nobody took, would leave a phantom hold).
@@ -231,7 +239,8 @@ class Worker:
             return
         enter = time.monotonic()
         self.write({"t": "E", "sid": sid, "pid": os.getpid(), "wid": self.wid, "thread": ti,
-                    "kind": kind, "lock": name, "t_try": t_try, "enter": enter, "token": token})
+                    "kind": kind, "lock": name, "t_try": t_try, "budget": budget, "enter": enter,
+                    "token": token})
         rec: dict[str, Any] = {"t": "X", "sid": sid}
         try:
             if kind in EXCLUSIVE:
@@ -272,7 +281,7 @@ class Worker:
                 lock.unlock()
                 done["released"] = True
         except Exception as exc:
-            done["released"] = type(exc).__name__
+            done["released"], done["where"] = type(exc).__name__, where(exc)
         self.write(done)
 
     def loop(self, ti: int) -> None:
