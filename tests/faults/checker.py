@@ -337,7 +337,8 @@ class Checker:
 
     def late(self) -> dict[str, Any]:
         """Acquire calls answered more than ``LATE`` s after their budget ran out. Explained
-        if the caller's worker was stopped, or the server paused or restarted, meanwhile;
+        if the caller's worker was stopped, or the server paused or restarted, from half a
+        second before the budget ran out until the answer;
         the others are reported, not failed (a starved CPU; a wait that overran its budget)."""
         total = explained = 0
         bad = []
@@ -346,7 +347,10 @@ class Checker:
             if over <= LATE:
                 continue
             total += 1
-            if self._meets(self.any_stops[wid], t_try, at) or self._meets(self.any_pauses, t_try, at):
+            # What held it up met the time after its budget ran out (or just before it: the
+            # last attempt's round trip).
+            since = min(t_try + budget, at) - 0.5
+            if self._meets(self.any_stops[wid], since, at) or self._meets(self.any_pauses, since, at):
                 explained += 1
                 continue
             rel = self.t0

@@ -13,7 +13,8 @@ to ``faults.jsonl``:
 - ``kill_pubsub``: CLIENT KILL every ``rlock-pubsub:`` and ``rlock-wake:`` connection;
 - ``kill_conns``: CLIENT KILL every worker's normal connection (named ``rlock-fault:<wid>``);
 - ``pause_write`` / ``pause_all``: ``CLIENT PAUSE <ms> WRITE`` / ``ALL`` for 0.2-1.2 times
-  the lease;
+  the lease (logged from the call to its reply + ``ms``: a pause sent during a ``pause_all``
+  runs when that one ends);
 - ``restart``: stop the lock server and start it again, empty, on the same socket.
 
 At the end every worker is continued and sent SIGTERM (its threads finish their section),
@@ -177,7 +178,10 @@ class FaultRun:
             except redis.RedisError as exc:
                 self.fault(kind + "_failed", now, time.monotonic(), err=type(exc).__name__)
                 return
-            self.fault(kind, now, now + ms / 1000)
+            # It began when the server ran it, between the call and its reply: the reply may
+            # come much later than the call, when an earlier ``pause_all`` held it up.
+            answered = time.monotonic()
+            self.fault(kind, now, answered + ms / 1000, answered=answered)
         elif kind == "restart":
             self.admin.close()
             self.lock_server.stop()
