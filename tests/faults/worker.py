@@ -92,7 +92,7 @@ def where(exc: BaseException) -> str:
 
 def lock_name(kind: str, i: int) -> str:
     """The lock a section is on (read and write share their ``rw`` lock; ``aio``'s last lock
-    is ``rlock:0``, an ``AsyncRLock`` and ``RLock`` s on one name; ``afair`` shares ``fair``'s)."""
+    is ``rlock:0``: AsyncRLocks and RLocks on one name; ``afair`` shares ``fair``'s)."""
     if kind == "aio" and i == NAMES["aio"] - 1:
         return "rlock:0"
     base = {"read": "rw", "write": "rw", "afair": "fair"}.get(kind, kind)
