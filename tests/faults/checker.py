@@ -6,9 +6,12 @@ write or at its exit. A section with no ``X`` line whose worker was SIGKILLed en
 (it did nothing after it); one with neither is *unfinished* (reported; a worker's thread
 always writes ``X``).
 
-**Overlaps.** On one lock, two sections overlap if their intervals intersect, except two
-``read`` sections of the ``rw`` lock; on the semaphore, an overlap is a moment with more
-sections inside than ``SEM_PERMITS``. Each is
+**Overlaps.** On one lock, two sections overlap if their intervals intersect, unless neither
+is of an exclusive kind (``EXCLUSIVE``: ``rlock``, ``fenced``, ``write``, ``fair``, ``aio``,
+``afair``; so two ``read`` sections of the ``rw`` lock may meet). A lock may be taken by
+several kinds (``rlock:0`` by ``rlock`` threads and ``aio`` tasks, ``fair:*`` by ``fair``
+and ``afair``): the sections of all of them are one history. On the semaphore, an overlap
+is a moment with more sections inside than ``SEM_PERMITS``. Each is
 
 - *explained* by ``restart`` if the lock server restarted empty between an earlier holder's
   acquire call and the overlap (its lock was reset, whether or not it heard yet);
@@ -39,9 +42,11 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.faults.worker import SEM_PERMITS
+from tests.faults.worker import EXCLUSIVE, SEM_PERMITS
 
-EXCLUSIVE = ("rlock", "fenced", "write")
+#: How long after its budget an acquire call may answer before it counts as late (s): the
+#: last attempt's round trip, a reconnection, a loaded 2-core machine.
+LATE = 1.0
 
 
 @dataclass
@@ -69,6 +74,7 @@ class Report:
     stale_unexplained: list[dict[str, Any]]
     unowned: list[dict[str, Any]]
     phantoms: list[dict[str, Any]]
+    late: list[dict[str, Any]] = field(default_factory=list)
 
     def problems(self) -> dict[str, int]:
         """The defects found (each must be 0)."""
@@ -118,6 +124,15 @@ class Checker:
         self.pauses = [(f["at"], f["until"]) for f in self.faults
                        if f["kind"].startswith("pause") and not f["kind"].endswith("failed")
                        and f["until"] - f["at"] >= long]
+        #: Every stop and pause, however short, and every restart: what may hold up an answer.
+        self.any_stops: dict[str, list[tuple[float, float]]] = defaultdict(list)
+        for f in self.faults:
+            if f["kind"].startswith("stop"):
+                self.any_stops[f["wid"]].append((f["at"], f["until"]))
+        self.any_pauses = [(f["at"], f["until"]) for f in self.faults
+                           if f["kind"] in ("pause_write", "pause_all", "restart")]
+        #: (sid, wid, kind, lock, t_try, budget, answered at, outcome) of every acquire call.
+        self.answers: list[tuple[str, str, str, str, float, float, float, str]] = []
         self.sections: dict[str, Section] = {}
         self.counts: Counter[str] = Counter()
         self.errors: Counter[str] = Counter()
@@ -131,6 +146,12 @@ class Checker:
         for path in sorted(glob.glob(os.path.join(self.dir, "w*.jsonl"))):
             for rec in _lines(path):
                 t = rec["t"]
+                if t in ("E", "F", "A") and rec.get("budget") is not None:
+                    self.answers.append((rec["sid"], rec["sid"].split(".")[0], rec["kind"],
+                                         rec["lock"], rec["t_try"], rec["budget"],
+                                         rec["enter"] if t == "E" else rec["at"],
+                                         {"E": "acquired", "F": "not acquired"}.get(
+                                             t, rec.get("err", "?"))))
                 if t == "E":
                     self.sections[rec["sid"]] = Section(
                         rec["sid"], rec["wid"], rec["kind"], rec["lock"], rec["t_try"],
@@ -223,8 +244,8 @@ class Checker:
             for b in secs:
                 active = [a for a in active if a.exit > b.enter]  # type: ignore[operator]
                 for a in active:
-                    if a.kind == "read" and b.kind == "read":
-                        continue
+                    if a.kind not in EXCLUSIVE and b.kind not in EXCLUSIVE:
+                        continue  # two reads of the ``rw`` lock
                     end = min(a.exit, b.exit)  # type: ignore[type-var]
                     why = self.explain([a, b], b.enter, end)
                     pairs[frozenset((a.sid, b.sid))] = why
@@ -314,6 +335,36 @@ class Checker:
         return {"total": total, "explained": explained, "unexplained": total - explained,
                 "details": bad}
 
+    def late(self) -> dict[str, Any]:
+        """Acquire calls answered more than ``LATE`` s after their budget ran out. Explained
+        if the caller's worker was stopped, or the server paused or restarted, from half a
+        second before the budget ran out until the answer;
+        the others are reported, not failed (a starved CPU; a wait that overran its budget)."""
+        total = explained = 0
+        bad = []
+        for sid, wid, kind, lock, t_try, budget, at, outcome in self.answers:
+            over = at - t_try - budget
+            if over <= LATE:
+                continue
+            total += 1
+            # What held it up met the time after its budget ran out (or just before it: the
+            # last attempt's round trip).
+            since = min(t_try + budget, at) - 0.5
+            if self._meets(self.any_stops[wid], since, at) or self._meets(self.any_pauses, since, at):
+                explained += 1
+                continue
+            rel = self.t0
+            bad.append({"sid": sid, "kind": kind, "lock": lock, "t_try": round(t_try - rel, 3),
+                        "budget": budget, "answered": round(at - rel, 3), "over": round(over, 3),
+                        "outcome": outcome,
+                        "faults": [{**f, "at": round(f["at"] - rel, 3),
+                                    "until": round(f["until"] - rel, 3)}
+                                   for f in self.faults if f["kind"] not in ("run", "start", "end")
+                                   and f["at"] <= at and f["until"] >= t_try - 0.5]})
+        bad.sort(key=lambda b: -b["over"])
+        return {"total": total, "explained": explained, "unexplained": total - explained,
+                "worst_unexplained": bad[0]["over"] if bad else 0.0, "details": bad}
+
     def repeated_tokens(self) -> int:
         seen: dict[tuple[str, int], int] = Counter()  # type: ignore[assignment]
         for s in self.sections.values():
@@ -326,6 +377,7 @@ class Checker:
         lost = self.lost_updates(pairs)
         stale = self.stale_writes()
         unowned = self.unowned()
+        late = self.late()
         why = Counter(o["why"] for o in found)
         faults = Counter(f["kind"] for f in self.faults if f["kind"] not in ("run", "start", "end")
                          and not f.get("at_end"))
@@ -344,6 +396,7 @@ class Checker:
             "repeated_tokens": self.repeated_tokens(),
             "unowned_sections": {k: v for k, v in unowned.items() if k != "details"},
             "phantom_holds": len(self.phantoms),
+            "late_answers": {k: v for k, v in late.items() if k != "details"},
             "sections_killed": sum(s.killed for s in self.sections.values()),
             "sections_unfinished": sum(s.unfinished for s in self.sections.values()),
             "told_at_exit": sum(s.told for s in self.sections.values()),
@@ -351,7 +404,7 @@ class Checker:
         }
         return Report(summary, [o for o in found if o["why"] == "silent"],
                       [o for o in found if o["why"] == "told"], lost["details"], stale["details"],
-                      unowned["details"], self.phantoms)
+                      unowned["details"], self.phantoms, late["details"])
 
 
 def check(directory: str) -> Report:
@@ -375,6 +428,10 @@ def format_summary(s: dict[str, Any]) -> str:
         f"holders not told their hold was gone: {s['unowned_sections']['unexplained']} "
         f"(and {s['unowned_sections']['explained']} whose server restarted); "
         f"phantom holds (try_lock False, field there) {s['phantom_holds']}",
+        f"acquire calls answered over {LATE:g} s past their budget: "
+        f"{s['late_answers']['total']} (after a stop, pause or restart "
+        f"{s['late_answers']['explained']}; without one {s['late_answers']['unexplained']}, "
+        f"the worst {s['late_answers']['worst_unexplained']} s over)",
         f"sections killed {s['sections_killed']}, unfinished {s['sections_unfinished']}, "
         f"told lost {s['told_at_exit']}",
         "other: " + ", ".join(f"{k} {v}" for k, v in s["other"].items()),

@@ -13,7 +13,8 @@ to ``faults.jsonl``:
 - ``kill_pubsub``: CLIENT KILL every ``rlock-pubsub:`` and ``rlock-wake:`` connection;
 - ``kill_conns``: CLIENT KILL every worker's normal connection (named ``rlock-fault:<wid>``);
 - ``pause_write`` / ``pause_all``: ``CLIENT PAUSE <ms> WRITE`` / ``ALL`` for 0.2-1.2 times
-  the lease;
+  the lease (logged from the call to its reply + ``ms``: a pause sent during a ``pause_all``
+  runs when that one ends);
 - ``restart``: stop the lock server and start it again, empty, on the same socket.
 
 At the end every worker is continued and sent SIGTERM (its threads finish their section),
@@ -66,6 +67,8 @@ class FaultRun:
     seconds: float
     workers: int = 3
     threads: int = 3
+    loops: int = 1                       # event loops (threads) per worker, for async kinds
+    tasks: int = 3                       # asyncio tasks per event loop
     lease: float = 2.0
     gap: tuple[float, float] = (0.4, 1.0)
     kinds: tuple[str, ...] = ROUND
@@ -100,6 +103,7 @@ class FaultRun:
             [sys.executable, "-m", "tests.faults.worker", "--lock", self.lock_server.socket,
              "--store", self.store_server.socket, "--out", os.path.join(self.dir, f"{wid}.jsonl"),
              "--seed", str(self.seed), "--wid", wid, "--threads", str(self.threads),
+             "--loops", str(self.loops), "--tasks", str(self.tasks),
              "--lease", str(self.lease), "--kinds", ",".join(self.lock_kinds)],
             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=err)
         err.close()
@@ -174,7 +178,10 @@ class FaultRun:
             except redis.RedisError as exc:
                 self.fault(kind + "_failed", now, time.monotonic(), err=type(exc).__name__)
                 return
-            self.fault(kind, now, now + ms / 1000)
+            # It began when the server ran it, between the call and its reply: the reply may
+            # come much later than the call, when an earlier ``pause_all`` held it up.
+            answered = time.monotonic()
+            self.fault(kind, now, answered + ms / 1000, answered=answered)
         elif kind == "restart":
             self.admin.close()
             self.lock_server.stop()
@@ -207,7 +214,8 @@ class FaultRun:
                 self.start_worker()
             self.t0 = time.monotonic()
             self.fault("run", self.t0, self.t0 + self.seconds, seed=self.seed, lease=self.lease,
-                       workers=self.workers, threads=self.threads, broken=self.broken)
+                       workers=self.workers, threads=self.threads, loops=self.loops, tasks=self.tasks,
+                       lock_kinds=list(self.lock_kinds), broken=self.broken)
             end = self.t0 + self.seconds
             plan = self.schedule()
             next_at = self.t0 + self.warmup

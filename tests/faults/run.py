@@ -26,7 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=60)
     ap.add_argument("--seed", type=int, action="append", help="repeatable; default 7")
     ap.add_argument("--workers", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=3, help="threads per worker (sync kinds)")
+    ap.add_argument("--loops", type=int, default=1, help="event loops per worker (async kinds)")
+    ap.add_argument("--tasks", type=int, default=3, help="asyncio tasks per event loop")
     ap.add_argument("--lease", type=float, default=2.0, help="watchdog_timeout of every lock")
     ap.add_argument("--kinds", default=",".join(ROUND),
                     help="one round of the fault schedule, comma-separated (a kind may repeat)")
@@ -41,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = False
     for seed in args.seed or [7]:
         run = FaultRun(seed, args.seconds, workers=args.workers, threads=args.threads,
+                       loops=args.loops, tasks=args.tasks,
                        lease=args.lease, kinds=tuple(args.kinds.split(",")), broken=args.broken,
                        lock_kinds=tuple(args.lock_kinds.split(",")),
                        log=print if args.verbose else None)
@@ -53,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
                              ("unexplained stale fenced write", report.stale_unexplained),
                              ("holder not told its hold was gone", report.unowned),
                              ("phantom hold", report.phantoms),
-                             ("overlap told without an injected fault", report.told_only)):
+                             ("overlap told without an injected fault", report.told_only),
+                             ("late answer without a fault", report.late)):
             for item in items[:args.show]:
                 print(f"-- {title}: {json.dumps(item, default=str)}")
         failed |= not report.ok()

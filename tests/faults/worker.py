@@ -3,14 +3,18 @@
 A few threads loop until SIGTERM: each picks a lock kind and a lock by its seeded RNG, tries
 to take it (a random budget), and in the critical section does what a careful user does:
 
-- exclusive kinds (``rlock``, ``fenced``, ``write``): a read-modify-write of the lock's
-  counter in the *store* (GET, sleep a few ms, SET read+1; the SET also appends
-  ``<sid> <read>`` to the lock's write log, in one MULTI), skipped if ``is_lost()`` is true
-  just before it;
+- exclusive kinds (``rlock``, ``fenced``, ``write``, ``fair``: a ``FairLock``): a
+  read-modify-write of the lock's counter in the *store* (GET, sleep a few ms, SET read+1;
+  the SET also appends ``<sid> <read>`` to the lock's write log, in one MULTI), skipped if
+  ``is_lost()`` is true just before it;
 - ``fenced``: also a fenced write of its token to the store (a script that accepts a token
   only above the largest seen, and logs every attempt);
 - ``read`` and ``sem`` (a ``PermitExpirableSemaphore`` of ``SEM_PERMITS``, renewed by the
   watchdog): only hold for a few ms.
+
+``--loops`` more threads each run an event loop with ``--tasks`` asyncio tasks that do the
+same with the async kinds (``aio``: ``AsyncRLock``, ``afair``: ``AsyncFairLock``), when
+``--kinds`` names any (``tests.faults.aioworker``).
 
 The store is a second redis-server that no fault touches: the shared resource the locks
 protect, as a database would be. The lock server is the one the controller kills, pauses and
@@ -23,8 +27,9 @@ outcome). A SIGKILLed worker leaves at most its open sections as ``E`` lines alo
 CLOCK_MONOTONIC is system-wide on Linux, so the times compare across processes.
 
 ``RLOCK_FAULTS_BREAK`` swaps in a deliberately broken lock, to show the checker fails it:
-``naive`` (the ``rlock`` kind becomes SET NX PX + DEL, no owner check, no renewal, never
-lost) or ``ignore-lost`` (every kind reports ``is_lost()`` false and writes anyway).
+``naive`` (the ``rlock``, ``fair``, ``aio`` and ``afair`` kinds become SET NX PX + DEL, no
+owner check, no renewal, never lost) or ``ignore-lost`` (every kind reports ``is_lost()``
+false and writes anyway).
 """
 
 from __future__ import annotations
@@ -37,16 +42,31 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from typing import Any
 
 import redis
 
-from django_rlock.engine import FencedLock, PermitExpirableSemaphore, ReadWriteLock, RLock, identity
+from django_rlock.engine import (
+    FairLock,
+    FencedLock,
+    PermitExpirableSemaphore,
+    ReadWriteLock,
+    RLock,
+    identity,
+)
 from django_rlock.engine.watchdog import watchdog
 
-KINDS = ("rlock", "fenced", "read", "write", "sem")
-#: Locks per kind (contention: few of them).
-NAMES = {"rlock": 2, "fenced": 2, "rw": 1, "sem": 1}
+#: What threads take (``SYNC_KINDS``) and what asyncio tasks take (``ASYNC_KINDS``: an
+#: ``AsyncRLock``, an ``AsyncFairLock``), each task on an event loop of its own thread.
+SYNC_KINDS = ("rlock", "fenced", "read", "write", "sem", "fair")
+ASYNC_KINDS = ("aio", "afair")
+KINDS = SYNC_KINDS + ASYNC_KINDS
+#: The kinds whose section is a read-modify-write of the store (the others only hold).
+EXCLUSIVE = ("rlock", "fenced", "write", "fair", "aio", "afair")
+#: Locks per kind (contention: few of them). ``aio``'s last one is ``rlock:0``, and
+#: ``afair`` takes ``fair``'s: threads and tasks in one line.
+NAMES = {"rlock": 2, "fenced": 2, "rw": 1, "sem": 1, "fair": 2, "aio": 3, "afair": 2}
 SEM_PERMITS = 2
 BUDGETS = (0.0, 0.05, 0.3, 1.0, 2.5, 6.0)
 
@@ -64,10 +84,26 @@ return {ok, max}
 BREAK = os.environ.get("RLOCK_FAULTS_BREAK", "")
 
 
+def where(exc: BaseException) -> str:
+    """Where an error came from: its innermost frames, for reading a run's histories."""
+    frames = traceback.extract_tb(exc.__traceback__)[-4:]
+    return " < ".join(f"{os.path.basename(f.filename)}:{f.lineno} {f.name}" for f in reversed(frames))
+
+
 def lock_name(kind: str, i: int) -> str:
-    """The lock a section is on (read and write share their ``rw`` lock)."""
-    base = "rw" if kind in ("read", "write") else kind
+    """The lock a section is on (read and write share their ``rw`` lock; ``aio``'s last lock
+    is ``rlock:0``: AsyncRLocks and RLocks on one name; ``afair`` shares ``fair``'s)."""
+    if kind == "aio" and i == NAMES["aio"] - 1:
+        return "rlock:0"
+    base = {"read": "rw", "write": "rw", "afair": "fair"}.get(kind, kind)
     return f"{base}:{i}"
+
+
+def pick(rng: random.Random, kinds: tuple[str, ...]) -> tuple[str, int, float]:
+    """A section's kind, lock number and wait budget (threads and tasks alike)."""
+    kind = rng.choice(kinds)
+    i = rng.randrange(NAMES["rw" if kind in ("read", "write") else kind])
+    return kind, i, rng.choice(BUDGETS)
 
 
 class NaiveLock:
@@ -111,7 +147,12 @@ class Worker:
         self.out_mu = threading.Lock()
         self.stop = threading.Event()
         self.locks: dict[tuple[int, str, int], Any] = {}
-        self.kinds = tuple(args.kinds.split(","))
+        kinds = args.kinds.split(",")
+        unknown = set(kinds) - set(KINDS)
+        if unknown:
+            raise SystemExit(f"unknown lock kinds {sorted(unknown)}; known: {KINDS}")
+        self.kinds = tuple(k for k in kinds if k in SYNC_KINDS)
+        self.async_kinds = tuple(k for k in kinds if k in ASYNC_KINDS)
 
     def write(self, rec: dict[str, Any]) -> None:
         line = json.dumps(rec, separators=(",", ":")) + "\n"
@@ -124,9 +165,12 @@ class Worker:
         k = (ti, kind, i)
         if k not in self.locks:
             name, wt = lock_name(kind, i), self.args.lease
-            if kind == "rlock":
-                self.locks[k] = (NaiveLock(self.client, name, wt) if BREAK == "naive"
-                                 else RLock(self.client, name, watchdog_timeout=wt))
+            if kind in ("rlock", "fair") and BREAK == "naive":
+                self.locks[k] = NaiveLock(self.client, name, wt)
+            elif kind == "rlock":
+                self.locks[k] = RLock(self.client, name, watchdog_timeout=wt)
+            elif kind == "fair":
+                self.locks[k] = FairLock(self.client, name, watchdog_timeout=wt)
             elif kind == "fenced":
                 self.locks[k] = FencedLock(self.client, name, watchdog_timeout=wt)
             elif kind == "read":
@@ -156,10 +200,8 @@ class Worker:
 
     # -- one section ----------------------------------------------------------------------
     def section(self, ti: int, seq: int, rng: random.Random) -> None:
-        kind = rng.choice(self.kinds)
-        i = rng.randrange(NAMES["rw" if kind in ("read", "write") else kind])
+        kind, i, budget = pick(rng, self.kinds)
         name = lock_name(kind, i)
-        budget = rng.choice(BUDGETS)
         lock = self.lock_for(ti, kind, i)
         sid = f"{self.wid}.{ti}.{seq}"
         t_try = time.monotonic()
@@ -176,12 +218,13 @@ class Worker:
                 got = lock.try_lock(wait_time=budget)
         except Exception as exc:
             self.write({"t": "A", "sid": sid, "kind": kind, "lock": name, "t_try": t_try,
-                        "at": time.monotonic(), "err": type(exc).__name__})
+                        "budget": budget, "at": time.monotonic(), "err": type(exc).__name__,
+                        "where": where(exc)})
             time.sleep(0.02)
             return
         if not got:
             rec = {"t": "F", "sid": sid, "kind": kind, "lock": name, "t_try": t_try,
-                   "at": time.monotonic()}
+                   "budget": budget, "at": time.monotonic()}
             if kind != "sem":
                 # Told it did not get the lock: its field must not be there (a waiter whose
                 # withdrawal failed, or a grant nobody took, would leave a phantom hold).
@@ -196,10 +239,11 @@ class Worker:
             return
         enter = time.monotonic()
         self.write({"t": "E", "sid": sid, "pid": os.getpid(), "wid": self.wid, "thread": ti,
-                    "kind": kind, "lock": name, "t_try": t_try, "enter": enter, "token": token})
+                    "kind": kind, "lock": name, "t_try": t_try, "budget": budget, "enter": enter,
+                    "token": token})
         rec: dict[str, Any] = {"t": "X", "sid": sid}
         try:
-            if kind in ("rlock", "fenced", "write"):
+            if kind in EXCLUSIVE:
                 key = "c:" + name
                 value = int(self.store.get(key) or 0)
                 time.sleep(rng.uniform(0.001, 0.01))
@@ -237,7 +281,7 @@ class Worker:
                 lock.unlock()
                 done["released"] = True
         except Exception as exc:
-            done["released"] = type(exc).__name__
+            done["released"], done["where"] = type(exc).__name__, where(exc)
         self.write(done)
 
     def loop(self, ti: int) -> None:
@@ -255,7 +299,11 @@ class Worker:
     def run(self) -> None:
         signal.signal(signal.SIGTERM, lambda *_: self.stop.set())
         threads = [threading.Thread(target=self.loop, args=(ti,), name=f"fault-{ti}")
-                   for ti in range(self.args.threads)]
+                   for ti in range(self.args.threads if self.kinds else 0)]
+        if self.async_kinds:
+            from tests.faults.aioworker import loop_thread  # (it imports this module)
+            threads += [threading.Thread(target=loop_thread, args=(self, li), name=f"fault-aio-{li}")
+                        for li in range(self.args.loops)]
         for t in threads:
             t.start()
         print(f"ready {os.getpid()} {identity.process_id()}", flush=True)
@@ -274,6 +322,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", required=True)
     ap.add_argument("--wid", required=True, help="worker id (unique per run)")
     ap.add_argument("--threads", type=int, default=3)
+    ap.add_argument("--loops", type=int, default=1, help="threads running an event loop each")
+    ap.add_argument("--tasks", type=int, default=3, help="asyncio tasks per event loop")
     ap.add_argument("--kinds", default=",".join(KINDS), help="the lock kinds the threads use")
     ap.add_argument("--lease", type=float, default=2.0, help="watchdog_timeout (seconds)")
     Worker(ap.parse_args(argv)).run()
