@@ -1,17 +1,11 @@
 """The watchdog's schedule: holds by due time, each server's queue of holds to renew, the
 scripts a batch sends, and the warning that renewals run late.
 
-``Timeline`` keeps the holds in buckets of ``GRAIN`` seconds (a due time is rounded down to
-one: a renewal at most that much early), with a heap of bucket times: scheduling a hold is
-a dict lookup and a list append (a heap push only for a new bucket), and the sweep pops
-whole buckets, so neither an acquire nor a sweep ever looks at the holds that are not due.
-Entries are never removed when a hold is released or rescheduled: the watchdog skips an
-entry whose hold is no longer registered or whose due time is another bucket's, and
-rebuilds the timeline when stale entries outnumber the holds (``stale``).
-
-``Queues`` holds, per server, the holds taken off the timeline and not sent yet, in due
-order; the watchdog's drain of a server sends them in bounded pipelines until none is left.
-
+``Timeline``: holds in buckets of ``GRAIN`` s (a renewal at most that much early) under a
+heap of bucket times; scheduling is a dict lookup and an append, a sweep pops whole buckets,
+and neither looks at holds not due. Entries stay when a hold is released or rescheduled
+(skipped then; rebuilt once stale ones outnumber the holds). ``Queues``: per server, the
+holds taken off the timeline and not sent yet, in due order, sent in bounded pipelines.
 This module imports nothing of the watchdog's: the watchdog decides what an entry means.
 """
 
@@ -281,20 +275,26 @@ def results(replies: list[Any], shapes: list[int]) -> list[int]:
     return out
 
 
+def run_on(pool: ThreadPoolExecutor, fn: Callable[..., Any], *args: Any) -> None:
+    """``fn`` on ``pool``, or at interpreter shutdown (``concurrent.futures`` takes no more
+    work, and non-daemon threads may still hold locks) on a thread of its own."""
+    try:
+        pool.submit(fn, *args)
+    except RuntimeError:
+        threading.Thread(target=fn, args=args, name="django-rlock-renew", daemon=True).start()
+
+
 class Scheduler:
     """The sweep thread, the holds' due times, and each server's queue and drain.
 
-    ``cond`` is the watchdog's lock (as a condition) and guards ``holds`` (the watchdog's
-    registry, read here) and everything here; ``send(group, ended, behind)`` renews
-    ``group`` and releases ``ended`` on a pool thread, ``behind`` more queued behind them;
-    ``route(client)`` names the server a hold's client goes to (one queue per server).
-    Items are the watchdog's holds: keyed ``(server, key, owner)`` in ``holds``, with
-    ``due``, ``slack``, ``period``, ``renew``, ``thread``, ``top_up_ms``, ``expires_at``,
-    ``valid_until``, ``late_at``, ``queued``, ``ending`` and ``client``, and the time windows
-    (``windows``): ``warn_at``, ``deadline``, ``next_due``, ``next_slack``. ``alarm(hold,
-    now, notes)`` (under the lock) acts on a hold whose window is due, True if it ended it;
-    ``notify(notes)`` says what the alarms decided, on a pool thread.
-    """
+    ``cond``, the watchdog's lock, guards ``holds`` (its registry) and everything here;
+    ``send(group, ended, behind)`` renews ``group`` and releases ``ended`` on a pool thread,
+    ``behind`` more queued; ``route(client)`` names a hold's server (one queue per server).
+    Items are the watchdog's holds (keyed ``(server, key, owner)``; ``due``, ``slack``,
+    ``period``, ``renew``, ``thread``, ``top_up_ms``, ``expires_at``, ``valid_until``,
+    ``late_at``, ``queued``, ``ending``, ``client``; windows' ``warn_at``, ``deadline``,
+    ``next_due``, ``next_slack``). ``alarm(hold, now, notes)`` (under the lock) acts on a
+    due window, True if it ended the hold; ``notify(notes)`` tells, on a pool thread."""
 
     def __init__(self, cond: threading.Condition, holds: dict[Any, Any],
                  send: Callable[[list[Any], list[Any], int], None],
@@ -358,7 +358,7 @@ class Scheduler:
                         self._pool = ThreadPoolExecutor(max_workers=8,
                                                         thread_name_prefix="django-rlock-renew")
                     if notes:
-                        self._pool.submit(self._notify, notes)
+                        run_on(self._pool, self._notify, notes)
                 if not start and not more:
                     next_at = self._timeline.next_at()
                     self._wake_at = next_at
@@ -366,7 +366,7 @@ class Scheduler:
                     self._wake_at = 0.0
                     continue
             for server in start:
-                self._pool.submit(self._drain, server)  # type: ignore[union-attr]
+                run_on(self._pool, self._drain, server)  # type: ignore[arg-type]
             if more:
                 time.sleep(0)  # let the acquires waiting on the lock in before the next take
 

@@ -317,3 +317,34 @@ def test_a_batched_renewal_runs_one_check_and_one_expiry_per_key(r):
     assert results(replies, shapes) == [1] * len(holds)
     ttls = [r.pttl(h.key) for h in holds]
     assert all(27_000 < ttl <= 30_000 for ttl in ttls), (min(ttls), max(ttls))
+
+
+SHUTDOWN_SCRIPT = """
+import sys, threading, time, redis
+from django_rlock import RLock
+
+client = redis.Redis(unix_socket_path=sys.argv[1])
+
+def worker():
+    lock = RLock(client, "after-main", watchdog_timeout=1.0)
+    with lock:
+        time.sleep(3.5)  # 3.5 leases, all of them after the main thread returned
+        print("held", lock.is_held_by_current_thread(), "lost", lock.is_lost(), flush=True)
+
+threading.Thread(target=worker).start()  # not a daemon, and never joined
+time.sleep(0.3)
+"""
+
+
+def test_holds_of_threads_that_outlive_the_main_thread_are_renewed(redis_server):
+    """A script that starts a (non-daemon) thread holding a lock and returns from its main
+    thread: the interpreter shuts down around that thread, and ``concurrent.futures`` takes no
+    more work. The watchdog thread once died there (RuntimeError) and the hold ran out under
+    its holder; it renews on a thread of its own instead."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", SHUTDOWN_SCRIPT, redis_server.socket],
+                         capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "held True lost False", out.stdout + out.stderr
+    assert "Traceback" not in out.stderr, out.stderr
