@@ -40,6 +40,19 @@ UNAVAILABLE: tuple[type[BaseException], ...] = (
     redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
     redis.exceptions.ClusterDownError, redis.exceptions.TryAgainError)
 
+#: Error replies of a server that is up but takes no writes for now: too few replicas for
+#: ``min-replicas-to-write`` (the seconds after a failover), a replica that lost its master
+#: (``replica-serve-stale-data no``), a demoted master a plain client still points at.
+REFUSING = ("NOREPLICAS", "MASTERDOWN", "READONLY")
+
+
+def unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` means the lock backend cannot take a lock now (503, a task's retry),
+    not that the call is wrong: ``UNAVAILABLE``, or a server refusing writes."""
+    return isinstance(exc, UNAVAILABLE) or (
+        isinstance(exc, redis.exceptions.ResponseError) and str(exc).startswith(REFUSING))
+
+
 #: Hold times kept per template, and the share of them the estimate covers.
 SAMPLES = 32
 PERCENTILE = 0.9
@@ -183,6 +196,6 @@ def unavailable_response(spec: Any, request: Any, status: int) -> Any:
                      {"error": "lock_backend_unavailable", "detail": text.strip()}, after)
 
 
-__all__ = ["PERCENTILE", "SAMPLES", "UNAVAILABLE", "HoldTimes", "backend_down", "backend_of",
+__all__ = ["PERCENTILE", "REFUSING", "SAMPLES", "UNAVAILABLE", "HoldTimes", "backend_down", "backend_of",
            "backend_up", "busy_response", "retry_after", "unavailable_response",
-           "unavailable_status", "wants_json"]
+           "unavailable_status", "unreachable", "wants_json"]

@@ -40,7 +40,7 @@ from celery.signals import task_postrun, task_revoked
 from celery.utils import uuid
 
 from . import answers, transaction
-from .answers import UNAVAILABLE
+from .answers import unreachable
 from .decorators import (
     TaskHooks,
     bound_arguments,
@@ -164,7 +164,9 @@ class LockedTask(Task):
         try:
             holder = call(client, MARK_CLAIM_SCRIPT, keys,
                           (field, ttl_ms, taskmark.entry(field, taskmark.QUEUED, self.name)))
-        except UNAVAILABLE as exc:
+        except Exception as exc:
+            if not unreachable(exc):
+                raise
             # No mark without Redis: enqueue anyway. The run still takes its lock (and retries
             # while Redis is down), so a duplicate may run after this one, never beside it.
             answers.backend_down(spec, name, exc)
@@ -259,7 +261,9 @@ def run_task(spec: Any, wrapper: Callable[..., Any], func: Callable[..., Any], n
         lock = spec.sync_lock(name)
         got = lock.try_lock(spec.wait, spec.lease)
         ttl = None if got else busy_ttl(lock)
-    except UNAVAILABLE as exc:
+    except Exception as exc:
+        if not unreachable(exc):
+            raise
         if mark is not None:
             mark.finish(release=False, until_commit=False)
         return retry_unavailable(task, spec, name, exc)

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 from . import answers
-from .answers import UNAVAILABLE, backend_up
+from .answers import backend_up, unreachable
 from .engine import LockBusy, RLock, events
 from .engine.base import ttl_seconds
 from .engine.listing import describe_holders
@@ -393,7 +393,9 @@ def decorator(spec: LockSpec) -> Callable[[F], F]:
                 try:
                     got = await lock.try_lock(spec.wait, spec.lease)
                     ttl = None if got else await abusy_ttl(lock)
-                except UNAVAILABLE as exc:
+                except Exception as exc:
+                    if not unreachable(exc):
+                        raise
                     response = unavailable(spec, lock.name, exc, args)
                     if response is None:
                         raise
@@ -440,7 +442,9 @@ def decorator(spec: LockSpec) -> Callable[[F], F]:
                 try:
                     got = lock.try_lock(spec.wait, spec.lease)
                     ttl = None if got else busy_ttl(lock)
-                except UNAVAILABLE as exc:
+                except Exception as exc:
+                    if not unreachable(exc):
+                        raise
                     response = unavailable(spec, name, exc, args)
                     if response is None:
                         raise

@@ -191,6 +191,26 @@ def test_views_answer_503_while_redis_is_down_and_warn_once(down, caplog):
     assert any("answers again" in r.getMessage() for r in caplog.records)
 
 
+def test_views_answer_503_while_the_master_refuses_writes(own_server, settings):
+    """``min-replicas-to-write`` with too few replicas (the seconds after a failover of a
+    one-replica set): the server is up and answers NOREPLICAS to every write. That is the lock
+    backend being unavailable (503 with Retry-After), not a server error (500)."""
+    settings.CACHES = caches_for(own_server)
+    settings.RLOCK = {}
+    admin = own_server.client()
+    assert Client().get("/plain/1/").status_code == 200
+    admin.config_set("min-replicas-to-write", 1)
+    try:
+        answers = [Client().get(url) for url in ("/plain/1/", "/lim/1/", "/rate/1/")]
+        answers.append(asyncio.run(AsyncClient().get("/aplain/1/")))
+    finally:
+        admin.config_set("min-replicas-to-write", 0)
+    assert [a.status_code for a in answers] == [503] * 4
+    assert all(a["Retry-After"] == "5" for a in answers)
+    assert Client().get("/plain/1/").status_code == 200  # writes taken again: back at once
+    admin.close()
+
+
 def test_unavailable_status_and_retry_after_are_settings(down, settings):
     settings.RLOCK = {"UNAVAILABLE_STATUS": 502, "UNAVAILABLE_RETRY_AFTER": 2}
     answer = Client().get("/plain/1/")
