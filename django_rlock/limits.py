@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from .decorators import LockSpec, decorator, is_async_client
+from .engine.clients import for_key
 from .engine.lock import check_seconds
 from .engine.naming import suffix_name
 from .lockkinds import check_permits
@@ -104,8 +105,9 @@ class PermitCall:
                 total, self.permits, self.permits, total, self.name, self.permits - total)
 
     def _counts(self) -> tuple[int | None, int]:
-        """Permits free (None: no semaphore) and taken, as stored."""
-        pipe = self._sync.pipeline(transaction=True)
+        """Permits free (None: no semaphore) and taken, as stored (on a cluster, sent on the
+        key's master: redis-py 5's cluster pipeline refuses a transaction)."""
+        pipe = for_key(self._sync, self.key).pipeline(transaction=True)
         pipe.get(self.key)
         pipe.zcard(timeout_key(self._sem))
         free, taken = pipe.execute()
@@ -128,8 +130,11 @@ class PermitCall:
 
     def remaining_ttl(self) -> float | None:
         """Seconds to the nearest expiry of a taken permit (renewed ones: about the watchdog
-        timeout), or ``DEFAULT_RETRY_AFTER``."""
-        pipe = self._sync.pipeline(transaction=False)
+        timeout), or ``DEFAULT_RETRY_AFTER``.
+
+        Sent on the semaphore's own client: on a cluster, its slot's master (a cluster client
+        refuses TIME in a pipeline, which would make every busy call an error)."""
+        pipe = self._sem.client.pipeline(transaction=False)
         pipe.time()
         pipe.zrange(timeout_key(self._sem), 0, 0, withscores=True)
         now, first = pipe.execute()
@@ -169,7 +174,7 @@ class AsyncPermitCall(PermitCall):
             await self._sem.release(permit)
 
     async def remaining_ttl(self) -> float | None:  # type: ignore[override]
-        pipe = self._async.pipeline(transaction=False)
+        pipe = self._sem.client.pipeline(transaction=False)  # (as the sync one's)
         pipe.time()
         pipe.zrange(timeout_key(self._sem), 0, 0, withscores=True)
         now, first = await pipe.execute()

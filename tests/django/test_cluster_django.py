@@ -1,8 +1,8 @@
 """Django on a Redis Cluster (issue #10): ``RLOCK = {"REDIS_URL": <a node>, "CLUSTER": True}``.
 
-``get_lock`` and ``@locked`` take RLocks on the cluster, ``manage.py locks`` lists (and clears)
-them on every master, kinds that do not run on a cluster yet say so, and the checks explain a
-cluster setting without a node's URL.
+``get_lock`` and ``@locked`` take RLocks on the cluster, ``@limited`` and ``@rate_limited`` (sync
+and async) run and turn busy calls away there, ``manage.py locks`` lists (and clears) them on
+every master, and the checks explain a cluster setting without a node's URL.
 """
 
 from __future__ import annotations
@@ -14,13 +14,32 @@ from typing import Any
 
 import pytest
 from django.core.management import call_command
+from django.http import HttpRequest, HttpResponse
+from django.test import Client
+from django.urls import path
 
-from django_rlock import get_lock, limited, locked
+from django_rlock import LockBusy, RateLimited, get_lock, get_semaphore, limited, locked, rate_limited
 from django_rlock.checks import check_settings
 from django_rlock.connection import get_client
 from django_rlock.engine.clients import is_cluster
 from tests.cluster.conftest import cluster, cluster_support  # noqa: F401 - the fixtures
 from tests.cluster_topology import ClusterTopology
+
+
+@limited("cview:{pk}", permits=1)
+def cview(request: HttpRequest, pk: int) -> HttpResponse:
+    return HttpResponse("ran")
+
+
+@rate_limited("crate:{pk}", rate="1/m")
+def crate(request: HttpRequest, pk: int) -> HttpResponse:
+    return HttpResponse("ran")
+
+
+urlpatterns = [
+    path("cview/<int:pk>/", cview),
+    path("crate/<int:pk>/", crate),
+]
 
 
 @pytest.fixture
@@ -147,3 +166,39 @@ def test_locked_async_functions_run_on_the_cluster(on_cluster: ClusterTopology):
     assert max(worst) == 1  # and one at a time
     assert asyncio.run(main()) == [1, 1, 1, 1]  # a second event loop gets its own client
     assert not get_lock("ajob:3").is_locked()
+
+
+@pytest.mark.urls(__name__)
+def test_busy_limited_and_rate_limited_answer_429_on_the_cluster(on_cluster: ClusterTopology):
+    """A busy ``@limited`` call on the cluster is turned away as on one server: a view gets 429
+    with ``Retry-After``, a function ``LockBusy`` (the busy path once sent TIME in a cluster
+    client's pipeline, which redis-py refuses: a 500 and a RedisClusterException)."""
+    sem = get_semaphore("cview:1", permits=1)
+    permit = sem.acquire()  # the one permit is taken
+
+    @limited("cview:{n}", permits=1)
+    def work(n: int) -> str:
+        return "ran"
+
+    try:
+        busy = Client(raise_request_exception=False).get("/cview/1/")
+        assert busy.status_code == 429 and 1 <= int(busy["Retry-After"]) <= 30
+        with pytest.raises(LockBusy) as err:
+            work(1)
+        assert err.value.name == "cview:1" and 25 < err.value.ttl <= 30  # the watchdog's 30 s
+    finally:
+        sem.release(permit)
+    assert Client().get("/cview/1/").status_code == 200 and work(1) == "ran"
+
+    assert Client().get("/crate/1/").status_code == 200
+    spent = Client(raise_request_exception=False).get("/crate/1/")
+    assert spent.status_code == 429 and 50 <= int(spent["Retry-After"]) <= 60
+
+    @rate_limited("cfn:{n}", rate="1/m")
+    def once(n: int) -> str:
+        return "ran"
+
+    assert once(1) == "ran"
+    with pytest.raises(RateLimited):
+        once(1)
+
