@@ -212,17 +212,13 @@ class LimitSpec(LockSpec):
         return PermitCall(sem, self.permits, client)
 
     def async_lock(self, name: str) -> AsyncPermitCall:
-        from .engine.clients import async_twin, sync_twin
         from .engine.semaphore import AsyncPermitExpirableSemaphore
 
         client, prefix, _ = self.where()
-        if is_async_client(client):
-            aclient, sync = client, sync_twin(client)
-        else:
-            aclient, sync = async_twin(client), client
+        aclient, sync, engine_sync = client_pair(client)
         sem = AsyncPermitExpirableSemaphore(aclient, name, prefix,
-                                            watchdog_timeout=self._watchdog(), sync_client=sync,
-                                            idle_expiry=self.idle_expiry)
+                                            watchdog_timeout=self._watchdog(),
+                                            sync_client=engine_sync, idle_expiry=self.idle_expiry)
         return AsyncPermitCall(sem, self.permits, sync, aclient)
 
     def busy_status(self) -> int:
@@ -242,6 +238,25 @@ class LimitSpec(LockSpec):
 
     def busy_status_text(self) -> str:
         return "429" if self.status is None else str(self.status)
+
+
+def client_pair(client: Any) -> tuple[Any, Any, Any]:
+    """For an asyncio kind on ``client`` (sync or asyncio, a server's or a cluster's): its
+    asyncio client, a sync client of the same servers, and the ``sync_client=`` to give the
+    kind. On a cluster that is None: the kind waits and renews on its slot master's own client
+    (``SlotBound``), and would refuse a cluster client there."""
+    import redis.asyncio
+
+    from .engine.clients import async_twin, is_cluster, sync_cluster, sync_twin
+
+    if is_cluster(client):
+        if isinstance(client, redis.asyncio.RedisCluster):
+            return client, sync_cluster(client), None
+        return async_twin(client), client, None
+    if is_async_client(client):
+        sync = sync_twin(client)
+        return client, sync, sync
+    return async_twin(client), client, client
 
 
 def limited(template: str | Callable[..., str], *, permits: int, wait: float = 0,
@@ -265,4 +280,4 @@ def limited(template: str | Callable[..., str], *, permits: int, wait: float = 0
                                until_commit, idle_expiry))
 
 
-__all__ = ["AsyncPermitCall", "LimitSpec", "PermitCall", "limited"]
+__all__ = ["AsyncPermitCall", "LimitSpec", "PermitCall", "client_pair", "limited"]
