@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from .decorators import LockSpec, decorator, is_async_client
+from .engine.clients import for_key
 from .engine.lock import check_seconds
 from .engine.naming import suffix_name
 from .lockkinds import check_permits
@@ -104,8 +105,9 @@ class PermitCall:
                 total, self.permits, self.permits, total, self.name, self.permits - total)
 
     def _counts(self) -> tuple[int | None, int]:
-        """Permits free (None: no semaphore) and taken, as stored."""
-        pipe = self._sync.pipeline(transaction=True)
+        """Permits free (None: no semaphore) and taken, as stored (on a cluster, sent on the
+        key's master: redis-py 5's cluster pipeline refuses a transaction)."""
+        pipe = for_key(self._sync, self.key).pipeline(transaction=True)
         pipe.get(self.key)
         pipe.zcard(timeout_key(self._sem))
         free, taken = pipe.execute()
@@ -128,8 +130,11 @@ class PermitCall:
 
     def remaining_ttl(self) -> float | None:
         """Seconds to the nearest expiry of a taken permit (renewed ones: about the watchdog
-        timeout), or ``DEFAULT_RETRY_AFTER``."""
-        pipe = self._sync.pipeline(transaction=False)
+        timeout), or ``DEFAULT_RETRY_AFTER``.
+
+        Sent on the semaphore's own client: on a cluster, its slot's master (a cluster client
+        refuses TIME in a pipeline, which would make every busy call an error)."""
+        pipe = self._sem.client.pipeline(transaction=False)
         pipe.time()
         pipe.zrange(timeout_key(self._sem), 0, 0, withscores=True)
         now, first = pipe.execute()
@@ -169,7 +174,7 @@ class AsyncPermitCall(PermitCall):
             await self._sem.release(permit)
 
     async def remaining_ttl(self) -> float | None:  # type: ignore[override]
-        pipe = self._async.pipeline(transaction=False)
+        pipe = self._sem.client.pipeline(transaction=False)  # (as the sync one's)
         pipe.time()
         pipe.zrange(timeout_key(self._sem), 0, 0, withscores=True)
         now, first = await pipe.execute()
@@ -207,17 +212,13 @@ class LimitSpec(LockSpec):
         return PermitCall(sem, self.permits, client)
 
     def async_lock(self, name: str) -> AsyncPermitCall:
-        from .engine.clients import async_twin, sync_twin
         from .engine.semaphore import AsyncPermitExpirableSemaphore
 
         client, prefix, _ = self.where()
-        if is_async_client(client):
-            aclient, sync = client, sync_twin(client)
-        else:
-            aclient, sync = async_twin(client), client
+        aclient, sync, engine_sync = client_pair(client)
         sem = AsyncPermitExpirableSemaphore(aclient, name, prefix,
-                                            watchdog_timeout=self._watchdog(), sync_client=sync,
-                                            idle_expiry=self.idle_expiry)
+                                            watchdog_timeout=self._watchdog(),
+                                            sync_client=engine_sync, idle_expiry=self.idle_expiry)
         return AsyncPermitCall(sem, self.permits, sync, aclient)
 
     def busy_status(self) -> int:
@@ -237,6 +238,25 @@ class LimitSpec(LockSpec):
 
     def busy_status_text(self) -> str:
         return "429" if self.status is None else str(self.status)
+
+
+def client_pair(client: Any) -> tuple[Any, Any, Any]:
+    """For an asyncio kind on ``client`` (sync or asyncio, a server's or a cluster's): its
+    asyncio client, a sync client of the same servers, and the ``sync_client=`` to give the
+    kind. On a cluster that is None: the kind waits and renews on its slot master's own client
+    (``SlotBound``), and would refuse a cluster client there."""
+    import redis.asyncio
+
+    from .engine.clients import async_twin, is_cluster, sync_cluster, sync_twin
+
+    if is_cluster(client):
+        if isinstance(client, redis.asyncio.RedisCluster):
+            return client, sync_cluster(client), None
+        return async_twin(client), client, None
+    if is_async_client(client):
+        sync = sync_twin(client)
+        return client, sync, sync
+    return async_twin(client), client, client
 
 
 def limited(template: str | Callable[..., str], *, permits: int, wait: float = 0,
@@ -260,4 +280,4 @@ def limited(template: str | Callable[..., str], *, permits: int, wait: float = 0
                                until_commit, idle_expiry))
 
 
-__all__ = ["AsyncPermitCall", "LimitSpec", "PermitCall", "limited"]
+__all__ = ["AsyncPermitCall", "LimitSpec", "PermitCall", "client_pair", "limited"]

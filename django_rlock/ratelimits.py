@@ -27,7 +27,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from .decorators import LockSpec, decorator, is_async_client
+from .decorators import LockSpec, decorator
 from .engine.ratelimit import Grant, RateLimited, RateLimiter, parse_rate
 
 logger = logging.getLogger("django_rlock")
@@ -129,14 +129,11 @@ class RateSpec(LockSpec):
 
     def async_lock(self, name: str) -> AsyncRateCall:
         from .engine.aioratelimit import AsyncRateLimiter
-        from .engine.clients import async_twin, sync_twin
+        from .limits import client_pair
 
         client, prefix, _ = self.where()
-        if is_async_client(client):
-            aclient, sync = client, sync_twin(client)
-        else:
-            aclient, sync = async_twin(client), client
-        limiter = AsyncRateLimiter(aclient, name, prefix, sync_client=sync,
+        aclient, sync, engine_sync = client_pair(client)
+        limiter = AsyncRateLimiter(aclient, name, prefix, sync_client=engine_sync,
                                    **self._limiter_options())
         return AsyncRateCall(self, limiter, sync)
 

@@ -1,8 +1,8 @@
 """Django on a Redis Cluster (issue #10): ``RLOCK = {"REDIS_URL": <a node>, "CLUSTER": True}``.
 
-``get_lock`` and ``@locked`` take RLocks on the cluster, ``manage.py locks`` lists (and clears)
-them on every master, kinds that do not run on a cluster yet say so, and the checks explain a
-cluster setting without a node's URL.
+``get_lock`` and ``@locked`` take RLocks on the cluster, ``@limited`` and ``@rate_limited`` (sync
+and async) run and turn busy calls away there, ``manage.py locks`` lists (and clears) them on
+every master, and the checks explain a cluster setting without a node's URL.
 """
 
 from __future__ import annotations
@@ -14,13 +14,48 @@ from typing import Any
 
 import pytest
 from django.core.management import call_command
+from django.http import HttpRequest, HttpResponse
+from django.test import AsyncClient, Client
+from django.urls import path
 
-from django_rlock import get_lock, limited, locked
+from django_rlock import LockBusy, RateLimited, get_lock, get_semaphore, limited, locked, rate_limited
 from django_rlock.checks import check_settings
 from django_rlock.connection import get_client
 from django_rlock.engine.clients import is_cluster
 from tests.cluster.conftest import cluster, cluster_support  # noqa: F401 - the fixtures
 from tests.cluster_topology import ClusterTopology
+
+
+@limited("cview:{pk}", permits=1)
+def cview(request: HttpRequest, pk: int) -> HttpResponse:
+    return HttpResponse("ran")
+
+
+@rate_limited("crate:{pk}", rate="1/m")
+def crate(request: HttpRequest, pk: int) -> HttpResponse:
+    return HttpResponse("ran")
+
+
+go: dict[str, asyncio.Event] = {}
+
+
+@limited("acview:{pk}", permits=1)
+async def acview(request: HttpRequest, pk: int) -> HttpResponse:
+    await asyncio.wait_for(go["acview"].wait(), 15)
+    return HttpResponse("ran")
+
+
+@rate_limited("acrate:{pk}", rate="1/m")
+async def acrate(request: HttpRequest, pk: int) -> HttpResponse:
+    return HttpResponse("ran")
+
+
+urlpatterns = [
+    path("cview/<int:pk>/", cview),
+    path("crate/<int:pk>/", crate),
+    path("acview/<int:pk>/", acview),
+    path("acrate/<int:pk>/", acrate),
+]
 
 
 @pytest.fixture
@@ -147,3 +182,131 @@ def test_locked_async_functions_run_on_the_cluster(on_cluster: ClusterTopology):
     assert max(worst) == 1  # and one at a time
     assert asyncio.run(main()) == [1, 1, 1, 1]  # a second event loop gets its own client
     assert not get_lock("ajob:3").is_locked()
+
+
+@pytest.mark.urls(__name__)
+def test_busy_limited_and_rate_limited_answer_429_on_the_cluster(on_cluster: ClusterTopology):
+    """A busy ``@limited`` call on the cluster is turned away as on one server: a view gets 429
+    with ``Retry-After``, a function ``LockBusy`` (the busy path once sent TIME in a cluster
+    client's pipeline, which redis-py refuses: a 500 and a RedisClusterException)."""
+    sem = get_semaphore("cview:1", permits=1)
+    permit = sem.acquire()  # the one permit is taken
+
+    @limited("cview:{n}", permits=1)
+    def work(n: int) -> str:
+        return "ran"
+
+    try:
+        busy = Client(raise_request_exception=False).get("/cview/1/")
+        assert busy.status_code == 429 and 1 <= int(busy["Retry-After"]) <= 30
+        with pytest.raises(LockBusy) as err:
+            work(1)
+        assert err.value.name == "cview:1" and 25 < err.value.ttl <= 30  # the watchdog's 30 s
+    finally:
+        sem.release(permit)
+    assert Client().get("/cview/1/").status_code == 200 and work(1) == "ran"
+
+    assert Client().get("/crate/1/").status_code == 200
+    spent = Client(raise_request_exception=False).get("/crate/1/")
+    assert spent.status_code == 429 and 50 <= int(spent["Retry-After"]) <= 60
+
+    @rate_limited("cfn:{n}", rate="1/m")
+    def once(n: int) -> str:
+        return "ran"
+
+    assert once(1) == "ran"
+    with pytest.raises(RateLimited):
+        once(1)
+
+
+@pytest.mark.urls(__name__)
+def test_async_limited_and_rate_limited_run_on_the_cluster(on_cluster: ClusterTopology):
+    """``@limited`` / ``@rate_limited`` on async views and functions with the settings' (sync)
+    cluster client (they once raised a TypeError on every call): permits are taken on the
+    name's slot master, a second concurrent call is turned away or waits its turn."""
+    inside: list[int] = []
+    worst: list[int] = []
+
+    @limited("ajobs:{n}", permits=1, wait=10)
+    async def waits(n: int) -> int:
+        inside.append(n)
+        worst.append(len(inside))
+        master = on_cluster.node_for_key(f"dj:ajobs:{n}")
+        with on_cluster.node_client(master) as c:
+            taken = c.zcard(f"{{dj:ajobs:{n}}}:timeout")
+        await asyncio.sleep(0.05)
+        inside.remove(n)
+        return taken
+
+    @limited("aone:{n}", permits=1)
+    async def one(n: int, hold: asyncio.Event, entered: asyncio.Event) -> str:
+        entered.set()
+        await asyncio.wait_for(hold.wait(), 15)
+        return "ran"
+
+    @rate_limited("arate:{n}", rate="2/m")
+    async def twice(n: int) -> str:
+        return "ran"
+
+    async def main() -> tuple[list[int], list[Any], list[Any], list[Any]]:
+        waited = await asyncio.gather(*(waits(2) for _ in range(3)))
+        hold, entered = asyncio.Event(), asyncio.Event()
+        first = asyncio.ensure_future(one(1, hold, entered))
+        await asyncio.wait_for(entered.wait(), 15)  # it holds the one permit
+        turned = await asyncio.gather(one(1, hold, asyncio.Event()), return_exceptions=True)
+        hold.set()
+        rates = await asyncio.gather(*(twice(1) for _ in range(3)), return_exceptions=True)
+        go["acview"] = asyncio.Event()
+        client = AsyncClient()
+        views = [asyncio.ensure_future(client.get("/acview/1/")) for _ in range(2)]
+        done, _ = await asyncio.wait(views, timeout=15, return_when=asyncio.FIRST_COMPLETED)
+        assert len(done) == 1
+        go["acview"].set()
+        answers = [*await asyncio.gather(*views), await client.get("/acrate/1/"),
+                   await client.get("/acrate/1/")]
+        return waited, [await first, *turned], rates, answers
+
+    waited, ones, rates, answers = asyncio.run(main())
+    assert waited == [1, 1, 1] and max(worst) == 1  # on its slot's master, one at a time
+    assert ones[0] == "ran" and isinstance(ones[1], LockBusy)
+    assert rates.count("ran") == 2  # (in any order: they run concurrently)
+    assert sum(isinstance(r, RateLimited) for r in rates) == 1
+    codes = sorted(r.status_code for r in answers[:2])
+    assert codes == [200, 429] and 1 <= int(next(
+        r for r in answers[:2] if r.status_code == 429)["Retry-After"]) <= 30
+    assert [r.status_code for r in answers[2:]] == [200, 429]
+    assert 50 <= int(answers[3]["Retry-After"]) <= 60
+    assert get_semaphore("ajobs:2").available_permits() == 1  # every permit given back
+
+
+def test_async_limited_and_rate_limited_take_an_asyncio_cluster_client(on_cluster: ClusterTopology):
+    """``client=`` an asyncio ``RedisCluster`` of one's own: the same, on its nodes."""
+    import redis.asyncio
+
+    port = on_cluster.masters()[0].port
+
+    async def main() -> list[Any]:
+        rc = redis.asyncio.RedisCluster(host="127.0.0.1", port=port)
+
+        @limited("acl:{n}", permits=1, client=rc)
+        async def one(n: int, hold: asyncio.Event, entered: asyncio.Event) -> str:
+            entered.set()
+            await asyncio.wait_for(hold.wait(), 15)
+            return "ran"
+
+        @rate_limited("aclr:{n}", rate="1/m", client=rc)
+        async def once(n: int) -> str:
+            return "ran"
+
+        hold, entered = asyncio.Event(), asyncio.Event()
+        first = asyncio.ensure_future(one(1, hold, entered))
+        await asyncio.wait_for(entered.wait(), 15)
+        out = list(await asyncio.gather(one(1, hold, asyncio.Event()), return_exceptions=True))
+        hold.set()
+        out += [await first, *await asyncio.gather(once(1), once(1), return_exceptions=True)]
+        await rc.aclose()
+        return out
+
+    busy, ran, *rates = asyncio.run(main())
+    assert isinstance(busy, LockBusy) and ran == "ran"
+    assert rates.count("ran") == 1 and sum(isinstance(r, RateLimited) for r in rates) == 1
