@@ -18,7 +18,7 @@ from django.dispatch import receiver
 
 class Config(TypedDict):
     CACHE: str
-    REDIS_URL: str | None
+    REDIS_URL: str | list[str] | None
     CLUSTER: bool
     PREFIX: str | None
     WATCHDOG_TIMEOUT: float
@@ -45,8 +45,9 @@ DEFAULTS: Config = {
     # A Redis URL (redis://, rediss://, unix://) the locks use instead of a cache's connection:
     # for a cache that is not Redis, or locks on a server of their own. Wins over CACHE.
     "REDIS_URL": None,
-    # REDIS_URL names a node of a Redis Cluster (redis:// or rediss://): the locks use a
-    # redis-py RedisCluster that discovers the others. Only RLock runs on a cluster so far.
+    # REDIS_URL names a node of a Redis Cluster (redis:// or rediss://), or a list of them
+    # (a first client finds the cluster through any one that answers): the locks use a
+    # redis-py RedisCluster that discovers the others.
     "CLUSTER": False,
     # Key prefix of lock hashes; None: "<KEY_PREFIX>:rlock:" (or "rlock:" without KEY_PREFIX).
     "PREFIX": None,
@@ -125,17 +126,22 @@ def validate(config: Mapping[str, Any]) -> list[str]:
     if not isinstance(cache, str) or not cache:
         problems.append(f"RLOCK['CACHE'] must be a cache alias (a non-empty str), got {cache!r}")
     url = config["REDIS_URL"]
-    if url is not None and (not isinstance(url, str)
-                            or not url.startswith(("redis://", "rediss://", "unix://"))):
+    cluster = config["CLUSTER"]
+    nodes = isinstance(url, (list, tuple))  # a cluster's seed nodes
+    if url is not None and not nodes and (
+            not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://"))):
         problems.append(f"RLOCK['REDIS_URL'] must be None or a redis://, rediss:// or unix:// "
                         f"URL, got {url!r}")
-    cluster = config["CLUSTER"]
     if not isinstance(cluster, bool):
         problems.append(f"RLOCK['CLUSTER'] must be True or False, got {cluster!r}")
-    elif cluster and not (isinstance(url, str) and url.startswith(("redis://", "rediss://"))):
+    elif nodes and not cluster:
+        problems.append(f"RLOCK['REDIS_URL'] may list several URLs only with RLOCK['CLUSTER'] "
+                        f"(the nodes of one cluster), got {url!r}")
+    elif cluster and not (url and all(isinstance(u, str) and u.startswith(("redis://", "rediss://"))
+                                      for u in (url if nodes else [url]))):
         problems.append(f"RLOCK['CLUSTER'] needs RLOCK['REDIS_URL'] to be the redis:// or "
-                        f"rediss:// URL of a cluster node (no cache backend hands out a redis-py "
-                        f"RedisCluster), got {url!r}")
+                        f"rediss:// URL of a cluster node, or a list of them (no cache backend "
+                        f"hands out a redis-py RedisCluster), got {url!r}")
     prefix = config["PREFIX"]
     if prefix is not None and not isinstance(prefix, str):
         problems.append(f"RLOCK['PREFIX'] must be a str or None, got {prefix!r}")

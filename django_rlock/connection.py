@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.cache import caches
@@ -31,7 +32,7 @@ URL_ALIAS = "RLOCK['REDIS_URL']"
 
 #: URL -> client. Resolved on first use, dropped when the RLOCK setting changes; redis-py's
 #: pool notices a fork and opens new connections in the child.
-_url_clients: dict[str, Any] = {}
+_url_clients: dict[tuple[str, ...], Any] = {}
 
 
 def cache_alias(cache: str | None = None) -> str:
@@ -102,17 +103,23 @@ def client_of(alias: str) -> redis.Redis:
         f"django.core.cache.backends.redis.RedisCache cache")
 
 
-def _url_client(url: str) -> redis.Redis:
-    client = _url_clients.get(url)
+def _url_client(url: str | list[str]) -> redis.Redis:
+    seeds = tuple(url) if isinstance(url, (list, tuple)) else (url,)
+    client = _url_clients.get(seeds)
     if client is None:
         import redis
         import redis.cluster
 
-        # RLOCK['CLUSTER']: a node's URL; the cluster client finds the others (and follows
-        # their failovers). Dropped with the setting, like the plain client.
-        made = (redis.cluster.RedisCluster.from_url(url) if get_config()["CLUSTER"] is True
-                else redis.Redis.from_url(url))
-        client = _url_clients.setdefault(url, made)
+        # RLOCK['CLUSTER']: a node's URL, or several (the first process to start after a
+        # node died must find the cluster through another); the cluster client finds the
+        # others (and follows their failovers). Dropped with the setting, like the plain client.
+        if get_config()["CLUSTER"] is True:
+            others = [redis.cluster.ClusterNode(u.hostname, u.port or 6379)
+                      for u in map(urlsplit, seeds[1:])]
+            made = redis.cluster.RedisCluster.from_url(seeds[0], startup_nodes=others)
+        else:
+            made = redis.Redis.from_url(seeds[0])
+        client = _url_clients.setdefault(seeds, made)
     return client
 
 

@@ -131,6 +131,29 @@ def test_cluster_without_a_node_url_is_e003(settings: Any):
     assert len(errors) == 1 and "CLUSTER" in errors[0].msg
 
 
+def test_several_node_urls_find_the_cluster_when_the_first_is_dead(settings: Any,
+                                                                    cluster: ClusterTopology):  # noqa: F811
+    """``REDIS_URL`` may list the cluster's nodes: a process that starts while the first is
+    down (it died, its host is gone) finds the cluster through the next. With one URL such a
+    process failed its first lock (``Redis Cluster cannot be connected``)."""
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on: the dead first node
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    live = cluster.masters()[1].port
+    settings.RLOCK = {"REDIS_URL": [f"redis://127.0.0.1:{dead}/0", f"redis://127.0.0.1:{live}/0"],
+                      "CLUSTER": True, "PREFIX": "dj:"}
+    assert check_settings() == []
+    with get_lock("seeded") as lock:
+        master = cluster.node_for_key("dj:seeded")
+        with cluster.node_client(master) as c:
+            assert c.hexists("dj:seeded", lock.current_owner())
+    settings.RLOCK = {"REDIS_URL": [f"redis://127.0.0.1:{live}/0"]}  # a list needs CLUSTER
+    errors = [m for m in check_settings() if m.id == "django_rlock.E003"]
+    assert len(errors) == 1 and "several URLs only with" in errors[0].msg
+
+
 @pytest.mark.django_db
 def test_the_admin_lists_shows_and_force_unlocks_on_the_cluster(on_cluster: ClusterTopology,
                                                                  admin_client: Any):
