@@ -8,18 +8,33 @@ or for every cache (``DJANGO_REDIS_CONNECTION_FACTORY``); without it, building t
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import redis
+import redis.asyncio.sentinel
+import redis.sentinel
 from django.core.cache import caches
+from django.http import HttpResponse
+from django.test import AsyncRequestFactory
 
-from django_rlock import LockNotSyncedError, RLock, get_lock
-from django_rlock.connection import get_client
+from django_rlock import (
+    AsyncRLock,
+    LockNotSyncedError,
+    RLock,
+    get_leader,
+    get_lock,
+    limited,
+    locked,
+    rate_limited,
+)
+from django_rlock.connection import get_client, get_prefix
 from django_rlock.engine import pubsub
-from django_rlock.engine.naming import handoff_queue
+from django_rlock.engine.clients import sync_twin
+from django_rlock.engine.naming import handoff_queue, leader_name
 from tests.django.conftest import write_lock
 from tests.topology import SentinelTopology
 
@@ -83,6 +98,96 @@ def test_get_lock_uses_the_sentinel_clients_master(settings, topo, holders, fact
     assert not master.exists(lock.key)
     master.close()
     replica.close()
+
+
+def test_asyncio_paths_on_the_sentinel_cache(settings, topo):
+    """Async views, ``get_lock(aio=True)`` and ``get_leader(aio=True)`` on the documented
+    Sentinel cache send on a ``redis.asyncio`` twin of its client: Sentinel-managed as well,
+    so on the master (not a TypeError). Two event loops, as Django gives two async requests
+    under WSGI: each has its own twin."""
+    settings.CACHES = sentinel_caches(topo)
+    master = topo.master().client()
+    key = "shop:rlock:report:1"
+    inside: list[int] = []
+    most = 0
+
+    @locked("report:{n}", wait=20)
+    async def report(n: int) -> str:
+        nonlocal most
+        inside.append(n)
+        most = max(most, len(inside))
+        seen = master.exists(key)  # (a blocking call, from the event loop: a test only)
+        await asyncio.sleep(0.2)
+        inside.remove(n)
+        return "held on the master" if seen else "not on the master"
+
+    @locked("page:{pk}")
+    async def page(request: Any, pk: int) -> HttpResponse:
+        return HttpResponse("ok")
+
+    @limited("exports", permits=1)
+    async def export() -> str:
+        return "exported"
+
+    @rate_limited("mails", "5/m")
+    async def mail() -> str:
+        return "sent"
+
+    async def first_request() -> None:
+        # Two tasks of one loop, one lock: the second runs after the first, never alongside.
+        assert await asyncio.gather(report(1), report(1)) == ["held on the master"] * 2
+        assert most == 1
+        assert (await page(AsyncRequestFactory().get("/"), pk=7)).status_code == 200
+        assert await export() == "exported" and await mail() == "sent"
+
+    async def second_request() -> None:
+        lock = get_lock("orders:2", aio=True)
+        async with lock:
+            assert master.exists(lock.key)
+            other = asyncio.create_task(get_lock("orders:2", aio=True).try_lock())
+            assert await other is False  # another task: busy
+            busy = get_lock("page:7", aio=True)
+            await busy.lock()
+            try:  # the view, on another task, finds its lock held: the 423 answer
+                response = await asyncio.create_task(page(AsyncRequestFactory().get("/"), pk=7))
+                assert response.status_code == 423
+            finally:
+                await busy.unlock()
+        assert not master.exists(lock.key)
+        async with get_leader("reports", aio=True) as leader:
+            assert await leader.wait_elected(10)
+            assert master.exists(get_prefix() + leader_name("reports"))
+
+    try:
+        asyncio.run(first_request())
+        asyncio.run(second_request())  # a new loop: the first loop's twin is let go
+    finally:
+        master.close()
+
+
+def test_asyncio_client_of_sentinel_without_sync_client(topo):
+    """An ``AsyncRLock`` on a ``redis.asyncio`` Sentinel client, no ``sync_client``: its
+    renewals and waiting go through a sync Sentinel-managed twin of it, to the master."""
+    sentinel = redis.asyncio.sentinel.Sentinel(topo.sentinel_addresses, socket_timeout=2)
+    master = topo.master().client()
+
+    async def main() -> None:
+        aclient = sentinel.master_for(topo.service)
+        twin = sync_twin(aclient)
+        assert isinstance(twin.connection_pool, redis.sentinel.SentinelConnectionPool)
+        assert twin.connection_pool.is_master and twin.connection_pool.service_name == topo.service
+        lock = AsyncRLock(aclient, "twin:1", watchdog_timeout=1.2)
+        async with lock:
+            assert await lock.is_held_by_current_task()
+            await asyncio.sleep(1.8)  # past the 1.2 s lease: renewed on the sync twin
+            assert master.pttl(lock.key) > 0
+        assert not master.exists(lock.key)
+        await aclient.aclose()
+
+    try:
+        asyncio.run(main())
+    finally:
+        master.close()
 
 
 def test_renewal_and_waiters_follow_a_failover(settings, holders):
