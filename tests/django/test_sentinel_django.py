@@ -9,6 +9,7 @@ or for every cache (``DJANGO_REDIS_CONNECTION_FACTORY``); without it, building t
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -190,11 +191,25 @@ def test_asyncio_client_of_sentinel_without_sync_client(topo):
         master.close()
 
 
-def test_renewal_and_waiters_follow_a_failover(settings, holders):
+@pytest.fixture
+def loop_thread() -> Iterator[asyncio.AbstractEventLoop]:
+    """An event loop running on a thread of its own for the whole test."""
+    loop = asyncio.new_event_loop()
+    runner = threading.Thread(target=loop.run_forever, daemon=True)
+    runner.start()
+    yield loop
+    loop.call_soon_threadsafe(loop.stop)
+    runner.join(10)
+    loop.close()
+
+
+def test_renewal_and_waiters_follow_a_failover(settings, holders, loop_thread):
     """SIGKILL the master under a django-redis Sentinel cache: the watchdog renews the held
     lock on the promoted replica, the process's pub/sub subscription moves there, and a
     release published there wakes a waiter at once (its other wake-up, the holder's 30 s
-    lease, is far off)."""
+    lease, is far off). An asyncio holder (``get_lock(aio=True)``, on a loop of its own that
+    outlives the failover) releases on the new master and acquires there again: its twin's
+    connections find the new master through the sentinels."""
     with SentinelTopology(replicas=1, sentinels=3) as topo:
         settings.CACHES = sentinel_caches(topo)
         settings.RLOCK = {"WATCHDOG_TIMEOUT": 12.0}
@@ -203,6 +218,32 @@ def test_renewal_and_waiters_follow_a_failover(settings, holders):
         job = get_lock("job")
         holder = holders()
         holder.call(job.lock)
+        held, go = threading.Event(), threading.Event()
+
+        async def async_holder() -> bool:
+            lock = get_lock("ajob", aio=True)
+            await lock.lock()
+            held.set()
+            while not go.is_set():
+                await asyncio.sleep(0.02)
+            assert not lock.is_lost()
+            await lock.unlock()  # on the new master: the twin reconnects through the sentinels
+            again, got = get_lock("ajob", aio=True), False
+            for _ in range(2):  # (LockNotSyncedError: see below)
+                try:
+                    got = await again.try_lock()
+                    break
+                except LockNotSyncedError as exc:
+                    sync_errors.append(exc)
+            if got:
+                assert await again.is_held_by_current_task()
+                await again.unlock()
+            return got
+
+        sync_errors: list[LockNotSyncedError] = []
+        async_done = asyncio.run_coroutine_threadsafe(async_holder(), loop_thread)
+        assert held.wait(10)
+        akey = get_lock("ajob").key
 
         # A lock of another process (as a Java service using Redisson would leave it), and a
         # thread of ours waiting for it: only pub/sub or its 30 s lease can wake the thread.
@@ -212,7 +253,6 @@ def test_renewal_and_waiters_follow_a_failover(settings, holders):
             pipe.execute_command("WAIT", 1, 1000)  # on the replica before the kill
             assert pipe.execute()[-1] == 1
         waiter = holders()
-        sync_errors: list[LockNotSyncedError] = []
 
         def wait_for_other() -> float:
             while True:
@@ -241,6 +281,10 @@ def test_renewal_and_waiters_follow_a_failover(settings, holders):
         assert nc.hexists(job.key, owner) and not holder.call(job.is_lost)
         _until(lambda: name in [c["name"] for c in nc.client_list()], 10, "resubscribed")
         assert pubsub.existing_manager(get_client()).reconnects >= 1
+        assert nc.exists(akey)  # the asyncio hold, on the new master (synced before the kill)
+        go.set()
+        assert async_done.result(40) is True
+        assert not nc.exists(akey)
 
         # The other process releases on the new master: DEL + PUBLISH, nothing in this process
         # told directly (a plain client of its own, not the Sentinel pool).
@@ -252,7 +296,7 @@ def test_renewal_and_waiters_follow_a_failover(settings, holders):
         # can still WAIT for the old master's replica count (probed before the failover) and
         # be undone with LockNotSyncedError: at most one sync_timeout more.
         assert woke < 3.0, woke
-        assert len(sync_errors) <= 1
+        assert len(sync_errors) <= 2  # the waiter's and the asyncio holder's: one each
         waiter.call(other.unlock)
         holder.call(job.unlock)
         assert not nc.exists(job.key) and not nc.exists(other.key)
