@@ -271,7 +271,8 @@ class SentinelTwinPool(TwinPool, redis.asyncio.sentinel.SentinelConnectionPool):
     def abandon(self) -> None:
         super().abandon()
         for sentinel in self.sentinel_manager.sentinels:  # their connections: that loop's too
-            sentinel.connection_pool.abandon()
+            if isinstance(sentinel.connection_pool, TwinPool):
+                sentinel.connection_pool.abandon()
 
 
 def _async_pool(pool: Any) -> TwinPool:

@@ -34,7 +34,7 @@ from django_rlock import (
 )
 from django_rlock.connection import get_client, get_prefix
 from django_rlock.engine import pubsub
-from django_rlock.engine.clients import sync_twin
+from django_rlock.engine.clients import SentinelTwinPool, async_twin, sync_twin
 from django_rlock.engine.naming import handoff_queue, leader_name
 from tests.django.conftest import write_lock
 from tests.topology import SentinelTopology
@@ -189,6 +189,30 @@ def test_asyncio_client_of_sentinel_without_sync_client(topo):
         asyncio.run(main())
     finally:
         master.close()
+
+
+def test_twins_keep_the_service_role_and_settings(topo):
+    """Both ways, a twin asks the same sentinels with their own settings (a sentinel password
+    apart from the servers') for the same service and role, with the servers' password and
+    database: what the topology above cannot show, as it has no passwords."""
+    addresses = [tuple(a) for a in topo.sentinel_addresses]
+    manager = redis.sentinel.Sentinel(addresses, sentinel_kwargs={"password": "s-pw"},
+                                      password="m-pw", db=2, socket_timeout=2)
+    replica = manager.slave_for(topo.service)
+
+    async def twin_of(client: Any) -> Any:
+        return async_twin(client)
+
+    aio = asyncio.run(twin_of(replica))
+    back = sync_twin(aio)
+    for twin, kind in ((aio, SentinelTwinPool), (back, redis.sentinel.SentinelConnectionPool)):
+        pool = twin.connection_pool
+        assert isinstance(pool, kind)
+        assert (pool.service_name, pool.is_master) == (topo.service, False)
+        assert (pool.connection_kwargs["password"], pool.connection_kwargs["db"]) == ("m-pw", 2)
+        assert [(c.connection_pool.connection_kwargs["host"], c.connection_pool.connection_kwargs[
+            "port"], c.connection_pool.connection_kwargs["password"])
+            for c in pool.sentinel_manager.sentinels] == [(h, p, "s-pw") for h, p in addresses]
 
 
 @pytest.fixture
