@@ -3,7 +3,9 @@
 An ``AsyncRLock`` sends its acquire and release scripts on its ``redis.asyncio`` client, but
 renewal and waiting are shared by the whole process: one watchdog thread and one pub/sub
 subscription per server, both on threads. They reach the server through a sync "twin" of the
-async client: same address, database and credentials, its own small pool.
+async client: same address, database and credentials, its own small pool. A twin of a
+Sentinel-managed client is Sentinel-managed too: same service and role, asking the same
+sentinels, so it follows a failover as the original does.
 
 The asyncio twin of a sync client (what ``@locked`` async views send on) has a blocking pool
 (``TwinPool``): a call finding every connection in use waits for one, within its budget,
@@ -21,7 +23,9 @@ from typing import Any
 
 import redis
 import redis.asyncio
+import redis.asyncio.sentinel
 import redis.exceptions
+import redis.sentinel
 
 from . import identity
 from .aiopool import TwinPool, async_cap
@@ -218,15 +222,66 @@ def _twin_kwargs(pool: Any, target: Any) -> dict[str, Any]:
     return kwargs
 
 
+def _is_sentinel(pool: Any) -> bool:
+    """A Sentinel-managed pool (sync or asyncio): its connections find the master (or a
+    replica) of ``service_name`` through the sentinels at each connect."""
+    return hasattr(pool, "service_name") and hasattr(pool, "sentinel_manager")
+
+
+def _sentinel_twin(pool: Any, target: Any, client_class: Any, make_pool: Any) -> dict[str, Any]:
+    """The arguments of a ``target`` (``redis.sentinel`` or ``redis.asyncio.sentinel``)
+    Sentinel pool twinning ``pool``: same service and role, its own sentinel manager asking
+    the same sentinels with their own settings (password, TLS), so the twin follows a failover
+    as ``pool`` does. ``make_pool`` makes each sentinel's pool from its kwargs."""
+    other = pool.sentinel_manager
+    manager = target.Sentinel([], min_other_sentinels=other.min_other_sentinels,
+                              force_master_ip=getattr(other, "_force_master_ip", None))
+    kin = redis.connection if target is redis.sentinel else redis.asyncio.connection
+    manager.sentinels = [client_class(connection_pool=make_pool(**_twin_kwargs(s.connection_pool,
+                                                                                kin)))
+                         for s in other.sentinels]
+    kwargs = {k: v for k, v in _twin_kwargs(pool, target).items()
+              if k not in ("host", "port", "path")}  # the sentinels' word, at each connect
+    return {"service_name": pool.service_name, "sentinel_manager": manager,
+            "is_master": pool.is_master, "check_connection": pool.check_connection, **kwargs}
+
+
 def sync_twin(client: Any) -> redis.Redis:
-    """A sync client to the server of an asyncio client (cached per pool)."""
+    """A sync client to the server of an asyncio client (cached per pool); of a Sentinel-managed
+    one, a client on a sync Sentinel pool of the same service."""
     pool = client.connection_pool
     twin = _sync_twins.get(pool)
     if twin is None:
-        kwargs = _twin_kwargs(pool, redis.connection)
-        twin = redis.Redis(connection_pool=redis.ConnectionPool(max_connections=8, **kwargs))
-        _sync_twins[pool] = twin
+        if _is_sentinel(pool):
+            kwargs = _sentinel_twin(pool, redis.sentinel, redis.Redis,
+                                    lambda **kw: redis.ConnectionPool(max_connections=8, **kw))
+            sync_pool: Any = redis.sentinel.SentinelConnectionPool(max_connections=8, **kwargs)
+        else:
+            sync_pool = redis.ConnectionPool(max_connections=8,
+                                             **_twin_kwargs(pool, redis.connection))
+        twin = _sync_twins[pool] = redis.Redis(connection_pool=sync_pool)
     return twin
+
+
+class SentinelTwinPool(TwinPool, redis.asyncio.sentinel.SentinelConnectionPool):
+    """The asyncio twin's pool for a Sentinel-managed sync pool: a ``TwinPool`` (waits for a
+    connection when full) whose connections ask the sentinels for the master at connect, and
+    drop a connection to a demoted master (READONLY), as redis-py's Sentinel pool does."""
+
+    def abandon(self) -> None:
+        super().abandon()
+        for sentinel in self.sentinel_manager.sentinels:  # their connections: that loop's too
+            if isinstance(sentinel.connection_pool, TwinPool):
+                sentinel.connection_pool.abandon()
+
+
+def _async_pool(pool: Any) -> TwinPool:
+    """The pool of an asyncio twin of sync ``pool`` (for one event loop)."""
+    if not _is_sentinel(pool):
+        return TwinPool(async_cap(pool), **_twin_kwargs(pool, redis.asyncio.connection))
+    kwargs = _sentinel_twin(pool, redis.asyncio.sentinel, redis.asyncio.Redis,
+                            lambda **kw: TwinPool(8, **kw))
+    return SentinelTwinPool(async_cap(pool), **kwargs)
 
 
 def async_twin(client: Any) -> redis.asyncio.Redis:
@@ -251,8 +306,7 @@ def async_twin(client: Any) -> redis.asyncio.Redis:
             gone = per_loop.pop(old)
             if isinstance(gone.connection_pool, TwinPool):
                 gone.connection_pool.abandon()
-        kwargs = _twin_kwargs(pool, redis.asyncio.connection)
-        twin = redis.asyncio.Redis(connection_pool=TwinPool(async_cap(pool), **kwargs))
+        twin = redis.asyncio.Redis(connection_pool=_async_pool(pool))
         per_loop[loop] = twin
         if pool in _node_pools:  # a cluster node's: its redirections follow that cluster
             _async_origins[twin.connection_pool] = client
