@@ -43,14 +43,20 @@ UNAVAILABLE: tuple[type[BaseException], ...] = (
 #: Error replies of a server that is up but takes no writes for now: too few replicas for
 #: ``min-replicas-to-write`` (the seconds after a failover), a replica that lost its master
 #: (``replica-serve-stale-data no``), a demoted master a plain client still points at.
+#: (redis-py raises ``READONLY`` as ``ReadOnlyError`` without its code, ``MASTERDOWN`` as
+#: ``MasterDownError``; a replica also refuses an acquire's ``WAIT`` for its replicas.)
 REFUSING = ("NOREPLICAS", "MASTERDOWN", "READONLY")
+ON_A_REPLICA = "cannot be used with replica instances"
 
 
 def unreachable(exc: BaseException) -> bool:
     """Whether ``exc`` means the lock backend cannot take a lock now (503, a task's retry),
     not that the call is wrong: ``UNAVAILABLE``, or a server refusing writes."""
-    return isinstance(exc, UNAVAILABLE) or (
-        isinstance(exc, redis.exceptions.ResponseError) and str(exc).startswith(REFUSING))
+    if isinstance(exc, (*UNAVAILABLE, redis.exceptions.ReadOnlyError,
+                        redis.exceptions.MasterDownError)):
+        return True
+    return isinstance(exc, redis.exceptions.ResponseError) and (
+        str(exc).startswith(REFUSING) or ON_A_REPLICA in str(exc))
 
 
 #: Hold times kept per template, and the share of them the estimate covers.

@@ -10,6 +10,7 @@ re-exported here. Layering: ``conf``, ``connection``, ``kinds`` <- this module;
 from __future__ import annotations
 
 import asyncio
+import sys
 import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal, overload
@@ -160,7 +161,9 @@ def get_lock(name: str, *, cache: str | Sequence[str] | None = None,  # type: ig
     options = window_options(lock_options(), max_hold, warn_held_after, name)
     if aio:
         return _async_lock(name, cache, label, quorum, kind, options)
-    if in_event_loop():
+    if in_event_loop() and sys._getframe(1).f_code.co_name != "<module>":
+        # (A module's own lock made at import is not a use: uvicorn and Django's async
+        # handler import settings and views inside the loop.)
         warnings.warn(IN_EVENT_LOOP, RuntimeWarning, stacklevel=2)
     if isinstance(cache, (list, tuple)):
         if kind is not None:

@@ -186,7 +186,8 @@ class LockSpec:
             raise TypeError(f"prefix must be a str (lock {label!r})")
         for what, flag in (("dedupe", dedupe), ("until_commit", until_commit),
                            ("quorum", quorum)):
-            if not isinstance(flag, bool):  # 'no' would be taken as yes
+            if not (isinstance(flag, bool) or (type(flag) is int and flag in (0, 1))):
+                # ('no' would be taken as yes)
                 raise TypeError(f"{what} must be True or False, not {flag!r} (lock {label!r})")
         if not (cache is None or isinstance(cache, (str, list, tuple))):
             raise TypeError(f"cache must be a cache alias (str) or a list of them, not "
@@ -233,11 +234,11 @@ class LockSpec:
                                  f"{float(max_hold):g} s (lock {label!r})")
         self.hold_at_least_on_error = hold_at_least_on_error
         self.cache = cache
-        self.quorum = quorum
+        self.quorum = bool(quorum)
         self.client = client
         self.prefix = prefix
         self.status = status
-        self.dedupe = dedupe
+        self.dedupe = bool(dedupe)
         self.until_commit = bool(until_commit)
         self._fixed_place: _Place | None = None
         self._settings_place: _Place | None = None

@@ -1,20 +1,18 @@
 """Sync and asyncio clients for one Redis server, made from each other's settings.
 
-An ``AsyncRLock`` sends its acquire and release scripts on its ``redis.asyncio`` client, but
-renewal and waiting are shared by the whole process: one watchdog thread and one pub/sub
-subscription per server, both on threads. They reach the server through a sync "twin" of the
-async client: same address, database and credentials, its own small pool. A twin of a
-Sentinel-managed client is Sentinel-managed too: same service and role, asking the same
-sentinels, so it follows a failover as the original does.
-
-The asyncio twin of a sync client (what ``@locked`` async views send on) has a blocking pool
-(``TwinPool``): a call finding every connection in use waits for one, within its budget,
-instead of failing (``aiopool``, invariant 34).
+An ``AsyncRLock`` sends its scripts on its ``redis.asyncio`` client; renewal and waiting,
+shared by the process (one watchdog thread, one subscription per server), reach the server
+through a sync "twin": same address, database and credentials, its own small pool. A twin of
+a Sentinel-managed client is Sentinel-managed too (same service, role and sentinels: it
+follows a failover). The asyncio twin of a sync client (what ``@locked`` async views send
+on) has a blocking pool (``TwinPool``): a call finding every connection in use waits for
+one, within its budget, instead of failing (``aiopool``, invariant 34).
 """
 
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 import time
 import weakref
@@ -44,6 +42,7 @@ _sync_twins: weakref.WeakKeyDictionary[Any, redis.Redis] = weakref.WeakKeyDictio
 _sync_clusters: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 #: The pool of each asyncio twin -> the sync client it was made from (``cluster_of``).
 _async_origins: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+_twins_lock = threading.RLock()
 _async_twins: weakref.WeakKeyDictionary[Any, dict[Any, redis.asyncio.Redis]] = (
     weakref.WeakKeyDictionary())
 
@@ -69,8 +68,7 @@ def is_cluster_node(client: Any) -> bool:
 
 
 def cluster_of(client: Any) -> Any | None:
-    """The cluster client a node client was resolved from (None: not a cluster node); for the
-    asyncio twin of a node client (an asyncio lock on a cluster), that node's."""
+    """The cluster a node client (or its asyncio twin) was resolved from, or None."""
     pool = getattr(client, "connection_pool", None)
     if pool is None:
         return None
@@ -121,12 +119,22 @@ def sync_cluster(client: Any) -> Any:
     if twin is None:
         import redis.cluster
 
-        kwargs = {k: v for k, v in getattr(client, "connection_kwargs", {}).items()
-                  if k in _PORTABLE and k not in ("host", "port", "path")}
+        kwargs = _cluster_kwargs(getattr(client, "connection_kwargs", {}))
         nodes = [redis.cluster.ClusterNode(n.host, n.port)
                  for n in client.nodes_manager.startup_nodes.values()]
-        twin = _sync_clusters[client] = redis.cluster.RedisCluster(startup_nodes=nodes, **kwargs)
+        twin = _sync_clusters[client] = redis.cluster.RedisCluster(
+            startup_nodes=nodes, address_remap=client.nodes_manager.address_remap, **kwargs)
     return twin
+
+
+def _cluster_kwargs(settings: dict[str, Any]) -> dict[str, Any]:
+    """A cluster client's settings for its twin of the other flavour: the portable ones, and
+    TLS (a ``rediss://`` cluster's connection class, which has no twin by that name)."""
+    kwargs = {k: v for k, v in settings.items()
+              if k in _PORTABLE and k not in ("host", "port", "path", "db")}
+    if getattr(settings.get("connection_class"), "__name__", "") == "SSLConnection":
+        kwargs["ssl"] = True  # (its ssl_* settings are portable)
+    return kwargs
 
 
 def node_client(cluster: Any, key: str | bytes) -> redis.Redis:
@@ -296,6 +304,15 @@ def async_twin(client: Any) -> redis.asyncio.Redis:
     pool = client.connection_pool
     loop = asyncio.get_running_loop()
     per_loop = _async_twins.get(pool)
+    twin = None if per_loop is None else per_loop.get(loop)
+    if twin is not None:
+        return twin
+    with _twins_lock:  # (threads of a WSGI server make twins, and purge them, at once)
+        return _async_twin(client, pool, loop)
+
+
+def _async_twin(client: Any, pool: Any, loop: Any) -> Any:
+    per_loop = _async_twins.get(pool)
     if per_loop is None:
         per_loop = _async_twins[pool] = weakref.WeakKeyDictionary()  # type: ignore[assignment]
     twin = per_loop.get(loop)
@@ -318,22 +335,47 @@ def _async_cluster(cluster: Any) -> Any:
     reads: ``is_locked`` and kin); a lock on it sends on ``cluster``'s own node clients and
     slot map (``sync_cluster`` of it is ``cluster``), so none of its connections is per loop."""
     loop = asyncio.get_running_loop()
-    per_loop = _async_twins.get(cluster)
-    if per_loop is None:
-        per_loop = _async_twins[cluster] = weakref.WeakKeyDictionary()  # type: ignore[assignment]
-    twin = per_loop.get(loop)
-    if twin is None:
-        for old in [lp for lp in per_loop if lp.is_closed()]:
-            del per_loop[old]
-        import redis.asyncio.cluster
-
-        kwargs = {k: v for k, v in cluster.nodes_manager.connection_kwargs.items()
-                  if k in _PORTABLE and k not in ("host", "port", "path", "db")}
-        nodes = [redis.asyncio.cluster.ClusterNode(n.host, n.port)
-                 for n in cluster.nodes_manager.startup_nodes.values()]
-        twin = per_loop[loop] = redis.asyncio.RedisCluster(startup_nodes=nodes, **kwargs)
-        _sync_clusters[twin] = cluster
+    with _twins_lock:
+        per_loop = _async_twins.get(cluster)
+        if per_loop is None:
+            per_loop = _async_twins[cluster] = weakref.WeakKeyDictionary()  # type: ignore[assignment]
+        twin = per_loop.get(loop)
+        if twin is None:
+            for old in [lp for lp in per_loop if lp.is_closed()]:
+                _abandon_cluster(per_loop.pop(old))
+            twin = per_loop[loop] = _cluster_twin(cluster)
+            _sync_clusters[twin] = cluster
     return twin
+
+
+def _cluster_twin(cluster: Any) -> Any:
+    import redis.asyncio.cluster
+
+    manager = cluster.nodes_manager
+    nodes = [redis.asyncio.cluster.ClusterNode(n.host, n.port)
+             for n in manager.startup_nodes.values()]
+    return redis.asyncio.RedisCluster(startup_nodes=nodes, address_remap=manager.address_remap,
+                                      **_cluster_kwargs(manager.connection_kwargs))
+
+
+def _abandon_cluster(twin: Any) -> None:
+    """Its event loop is closed: shut its connections' sockets (as ``TwinPool.abandon``) and
+    mark it closed, or the garbage collector reports each as unclosed to whatever loop runs
+    then (an ERROR log line per request under WSGI). redis-py's own attributes, read with care."""
+    manager = twin.nodes_manager
+    nodes = {id(n): n for n in (*getattr(manager, "nodes_cache", {}).values(),
+                                *getattr(manager, "startup_nodes", {}).values())}
+    for node in nodes.values():
+        for conn in list(getattr(node, "_connections", ())):
+            writer = getattr(conn, "_writer", None)
+            sock = None if writer is None else writer.transport.get_extra_info("socket")
+            if sock is not None:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            conn._reader = conn._writer = None
+    twin._initialize = True  # (what redis-py's __del__ reads as "closed")
 
 
 class SlotBound:

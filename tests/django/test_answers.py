@@ -208,6 +208,14 @@ def test_views_answer_503_while_the_master_refuses_writes(own_server, settings):
     assert [a.status_code for a in answers] == [503] * 4
     assert all(a["Retry-After"] == "5" for a in answers)
     assert Client().get("/plain/1/").status_code == 200  # writes taken again: back at once
+    # A demoted master a plain client still points at: a replica (of a master that is gone).
+    admin.replicaof("127.0.0.1", 1)
+    try:
+        answers = [Client().get(url) for url in ("/plain/2/", "/lim/2/", "/rate/2/")]
+        answers.append(asyncio.run(AsyncClient().get("/aplain/2/")))
+    finally:
+        admin.replicaof("NO", "ONE")
+    assert [a.status_code for a in answers] == [503] * 4
     admin.close()
 
 

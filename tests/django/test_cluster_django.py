@@ -333,3 +333,23 @@ def test_async_limited_and_rate_limited_take_an_asyncio_cluster_client(on_cluste
     busy, ran, *rates = asyncio.run(main())
     assert isinstance(busy, LockBusy) and ran == "ran"
     assert rates.count("ran") == 1 and sum(isinstance(r, RateLimited) for r in rates) == 1
+
+
+def test_event_loops_of_their_own_leave_no_unclosed_cluster_client(on_cluster: ClusterTopology,
+                                                                   caplog: Any):
+    """Django runs each async view of a WSGI server in an event loop of its own: each loop's
+    asyncio cluster client (its reads: ``is_locked``) is closed when the next loop comes,
+    not left for the garbage collector to report (an asyncio ERROR per request)."""
+    import gc
+    import logging
+
+    async def request(n: int) -> bool:
+        lock = get_lock(f"wsgi:{n}", aio=True)
+        async with lock:
+            held = await lock.is_locked()  # a read through the loop's cluster client
+        gc.collect()  # the clients of the loops before, with this loop running
+        return held
+
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        assert all(asyncio.run(request(n)) for n in range(6))
+    assert not [r for r in caplog.records if "nclosed" in r.getMessage()], caplog.text

@@ -164,6 +164,10 @@ def test_bad_options_are_refused_when_decorating(kwargs, error, text):
         locked("opt:{n}", **kwargs)
 
 
+def test_zero_and_one_still_pass_for_the_flags():
+    assert locked("flags:{n}", dedupe=1, until_commit=0).__closure__ is not None
+
+
 def test_a_bad_conversion_in_the_template_is_refused_when_decorating():
     with pytest.raises(ValueError, match=r"!z"):
         locked("cv:{pk!z}")

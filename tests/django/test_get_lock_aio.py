@@ -162,6 +162,15 @@ def test_a_sync_get_lock_in_a_running_loop_warns_at_the_call_site():
     assert "aio=True" in IN_EVENT_LOOP
 
 
+def test_no_warning_for_a_modules_own_lock_made_at_import_in_a_running_loop():
+    """uvicorn loads the settings, and Django's async handler imports views, inside the
+    event loop: a module-level lock used by sync views is made there, and is no misuse."""
+    async def main() -> None:
+        exec(compile('NIGHTLY = get_lock("nightly")', "views.py", "exec"), {"get_lock": get_lock})
+
+    assert sync_lock_warnings(lambda: run(main())) == []
+
+
 def test_no_warning_in_a_plain_thread_under_sync_to_async_or_with_aio():
     def in_thread() -> None:
         t = threading.Thread(target=get_lock, args=("thread",))

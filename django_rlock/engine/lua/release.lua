@@ -76,13 +76,15 @@ if token then
       if entry then
         -- The entry leaves the hash after the grant record is in it: an HSET into a hash
         -- its last HDEL removed would make it again without an expiry, a key left forever.
-        local function taken()
-          if mine then
+        -- (Our own record goes with it, unless it is the one just written: our own stale
+        -- entry at the head, granted to us.)
+        local function taken(written)
+          if mine and mine ~= written then
             redis.call('hdel', KEYS[5], token, mine)
-            mine = nil
           else
             redis.call('hdel', KEYS[5], token)
           end
+          mine = nil
         end
         local deadline, grant, info = string.match(entry, '^(%d+) (%d+) (.*)$')
         local heir = string.match(token, '^(.*)#')
@@ -110,7 +112,7 @@ if token then
           local next = ARGV[10]
           if not next or next == '' then
             redis.call('hset', KEYS[5], '=' .. heir, token)
-            taken()
+            taken('=' .. heir)
             return token
           end
           -- The releasing process's heir gets in line behind everyone here, as its own
@@ -121,7 +123,7 @@ if token then
           if budget >= 0 and budget < valid then valid = budget end
           redis.call('hset', KEYS[5], '=' .. heir, token, next,
                      (now + valid) .. ' ' .. ARGV[12] .. ' ' .. stamped(ARGV[7], now))
-          taken()
+          taken('=' .. heir)
           -- #include keep_line
           keep_line(KEYS[4], KEYS[5], valid, redis.call('rpush', KEYS[4], next))
           return {token, 1}
