@@ -300,62 +300,56 @@ def async_twin(client: Any) -> redis.asyncio.Redis:
     on that pool in that loop, with a ``TwinPool`` of ``async_cap(pool)`` connections.
     """
     if is_cluster(client):  # (Django's settings give a sync RedisCluster)
-        return _async_cluster(client)
+        return _per_loop(client, lambda: _cluster_twin(client), _abandon_cluster)
     pool = client.connection_pool
+    return _per_loop(pool, lambda: _plain_twin(client, pool), _abandon_plain)
+
+
+def _per_loop(origin: Any, make: Callable[[], Any], drop: Callable[[Any], None]) -> Any:
+    """``origin``'s twin for the running loop, made once per (origin, loop). A twin holds its
+    loop (its connections' streams do): the weak key alone never lets go, so the twins of
+    loops that are closed (a request's, under WSGI) are dropped as a new one is made."""
     loop = asyncio.get_running_loop()
-    per_loop = _async_twins.get(pool)
+    per_loop = _async_twins.get(origin)
     twin = None if per_loop is None else per_loop.get(loop)
     if twin is not None:
         return twin
     with _twins_lock:  # (threads of a WSGI server make twins, and purge them, at once)
-        return _async_twin(client, pool, loop)
-
-
-def _async_twin(client: Any, pool: Any, loop: Any) -> Any:
-    per_loop = _async_twins.get(pool)
-    if per_loop is None:
-        per_loop = _async_twins[pool] = weakref.WeakKeyDictionary()  # type: ignore[assignment]
-    twin = per_loop.get(loop)
-    if twin is None:
-        # A twin holds its loop (its connections' streams do): the weak key alone never lets
-        # go. Twins of loops that are closed (a request's, under WSGI) go now.
-        for old in [lp for lp in per_loop if lp.is_closed()]:
-            gone = per_loop.pop(old)
-            if isinstance(gone.connection_pool, TwinPool):
-                gone.connection_pool.abandon()
-        twin = redis.asyncio.Redis(connection_pool=_async_pool(pool))
-        per_loop[loop] = twin
-        if pool in _node_pools:  # a cluster node's: its redirections follow that cluster
-            _async_origins[twin.connection_pool] = client
-    return twin
-
-
-def _async_cluster(cluster: Any) -> Any:
-    """An asyncio ``RedisCluster`` to a sync one's nodes, for the running loop (its plain
-    reads: ``is_locked`` and kin); a lock on it sends on ``cluster``'s own node clients and
-    slot map (``sync_cluster`` of it is ``cluster``), so none of its connections is per loop."""
-    loop = asyncio.get_running_loop()
-    with _twins_lock:
-        per_loop = _async_twins.get(cluster)
+        per_loop = _async_twins.get(origin)
         if per_loop is None:
-            per_loop = _async_twins[cluster] = weakref.WeakKeyDictionary()  # type: ignore[assignment]
+            per_loop = _async_twins[origin] = weakref.WeakKeyDictionary()  # type: ignore[assignment]
         twin = per_loop.get(loop)
         if twin is None:
             for old in [lp for lp in per_loop if lp.is_closed()]:
-                _abandon_cluster(per_loop.pop(old))
-            twin = per_loop[loop] = _cluster_twin(cluster)
-            _sync_clusters[twin] = cluster
+                drop(per_loop.pop(old))
+            twin = per_loop[loop] = make()
     return twin
 
 
+def _plain_twin(client: Any, pool: Any) -> Any:
+    twin = redis.asyncio.Redis(connection_pool=_async_pool(pool))
+    if pool in _node_pools:  # a cluster node's: its redirections follow that cluster
+        _async_origins[twin.connection_pool] = client
+    return twin
+
+
+def _abandon_plain(twin: Any) -> None:
+    if isinstance(twin.connection_pool, TwinPool):
+        twin.connection_pool.abandon()
+
+
 def _cluster_twin(cluster: Any) -> Any:
+    """An asyncio ``RedisCluster`` to a sync one's nodes (for plain reads: ``is_locked`` and
+    kin); a lock on it sends on the sync one's node clients and slot map."""
     import redis.asyncio.cluster
 
     manager = cluster.nodes_manager
     nodes = [redis.asyncio.cluster.ClusterNode(n.host, n.port)
              for n in manager.startup_nodes.values()]
-    return redis.asyncio.RedisCluster(startup_nodes=nodes, address_remap=manager.address_remap,
+    twin = redis.asyncio.RedisCluster(startup_nodes=nodes, address_remap=manager.address_remap,
                                       **_cluster_kwargs(manager.connection_kwargs))
+    _sync_clusters[twin] = cluster  # (its slot map and node clients are the sync one's)
+    return twin
 
 
 def _abandon_cluster(twin: Any) -> None:
