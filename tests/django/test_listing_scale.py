@@ -73,6 +73,11 @@ def scans(client: redis.Redis) -> int:
     return int(client.info("commandstats").get("cmdstat_scan", {}).get("calls", 0))
 
 
+def commands(client: redis.Redis) -> int:
+    """Every command the server ran since the last ``CONFIG RESETSTAT`` (this one's INFO too)."""
+    return sum(int(c["calls"]) for c in client.info("commandstats").values())
+
+
 def timed(fn: Callable[[], Any], runs: int = 5) -> tuple[Any, float, float]:
     """``fn()``'s result, the first call's wall time and the median of ``runs`` calls."""
     times = []
@@ -102,7 +107,14 @@ def test_command_lists_from_the_index_without_scan(big_db: redis.Redis, fifty_lo
     assert all(d["holders"][0]["pid"] is not None for d in found)
     assert scans(big_db) == 0
     report("locks list (index)", first, median)
-    assert first < 0.1 and median < 0.1, f"locks list took {first * 1000:.1f} / {median * 1000:.1f} ms"
+    # Its cost is counted, not timed (a first call on a loaded CI machine took 127 ms once):
+    # a listing runs a dozen commands per lock, whatever else the database holds.
+    big_db.config_resetstat()
+    list_json()
+    sent = commands(big_db)
+    print(f"locks list: {sent} commands for {LOCKS} locks")
+    assert sent <= 15 * LOCKS + 10, sent  # 12 per lock today (pipelined reads of its keys)
+    assert median < 0.5, f"locks list took {median * 1000:.1f} ms (median of 5)"
 
     found, first, median = timed(lambda: list_json("--scan"), runs=2)
     assert [d["name"] for d in found] == fifty_locks
