@@ -24,6 +24,7 @@ from .answers import backend_up, unreachable
 from .engine import LockBusy, RLock, events
 from .engine.base import ttl_seconds
 from .engine.listing import describe_holders
+from .lockkinds import is_async_client
 from .lockspec import (  # the spec's names, where they always were
     FENCE_TOKEN,
     ON_BUSY,
@@ -32,7 +33,6 @@ from .lockspec import (  # the spec's names, where they always were
     LockSpec,
     bound_arguments,
     call_args,
-    is_async_client,
     template_picks,
 )
 from .transaction import TransactionRelease, in_transaction

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 from .conf import lock_options
 from .connection import cache_alias, get_client, get_prefix, multi_lock
 from .engine import RLock
-from .lockkinds import async_lock_of_kind, check_kind, check_permits, lock_of_kind
+from .lockkinds import async_clients, async_lock_of_kind, check_kind, check_permits, lock_of_kind
 
 __all__ = ["IN_EVENT_LOOP", "async_lock_of_kind", "cache_aliases", "check_kind",
            "check_permits", "get_latch", "get_lock", "get_semaphore", "lock_of_kind",
@@ -191,8 +191,7 @@ def _async_lock(name: str, cache: str | Sequence[str] | None, label: str | None,
                 kind: str | None, options: dict[str, Any]) -> Any:
     """``get_lock(aio=True)``: checked like the sync form, then built on the asyncio twins of
     the caches' clients for the running loop (they renew and wait on the sync clients)."""
-    from .engine import AsyncMultiLock, AsyncRedLock, AsyncRLock
-    from .engine.clients import async_twin as on  # (a cluster's: an asyncio cluster client)
+    from .engine import AsyncMultiLock, AsyncRedLock
 
     several = isinstance(cache, (list, tuple))
     if several and kind is not None:
@@ -204,14 +203,15 @@ def _async_lock(name: str, cache: str | Sequence[str] | None, label: str | None,
     if not in_event_loop():
         raise RuntimeError(f"get_lock(aio=True) needs a running event loop: call it in the "
                            f"coroutine that uses the lock (lock {name!r})")
+    members = []
+    for a in aliases:
+        aclient, _, sync = async_clients(get_client(a))
+        members.append(async_lock_of_kind(None if several else kind, aclient, name,
+                                          get_prefix(a), label=label, sync_client=sync,
+                                          **options))
     if several:
-        members = [AsyncRLock(on(get_client(a)), name, get_prefix(a),
-                              sync_client=get_client(a), label=label, **options)
-                   for a in aliases]
         return AsyncRedLock(*members) if quorum else AsyncMultiLock(*members)
-    client = get_client(aliases[0])
-    return async_lock_of_kind(kind, on(client), name, get_prefix(aliases[0]),
-                              label=label, sync_client=client, **options)
+    return members[0]
 
 
 def window_options(options: dict[str, Any], max_hold: Any, warn_held_after: Any,

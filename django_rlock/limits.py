@@ -24,11 +24,14 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from .decorators import LockSpec, decorator, is_async_client
+from .decorators import LockSpec, decorator
 from .engine.clients import for_key
 from .engine.lock import check_seconds
 from .engine.naming import suffix_name
-from .lockkinds import check_permits
+from .lockkinds import async_clients, check_permits
+
+#: The name this module gave ``lockkinds.async_clients`` first.
+client_pair = async_clients
 
 logger = logging.getLogger("django_rlock")
 
@@ -215,7 +218,7 @@ class LimitSpec(LockSpec):
         from .engine.semaphore import AsyncPermitExpirableSemaphore
 
         client, prefix, _ = self.where()
-        aclient, sync, engine_sync = client_pair(client)
+        aclient, sync, engine_sync = async_clients(client)
         sem = AsyncPermitExpirableSemaphore(aclient, name, prefix,
                                             watchdog_timeout=self._watchdog(),
                                             sync_client=engine_sync, idle_expiry=self.idle_expiry)
@@ -238,25 +241,6 @@ class LimitSpec(LockSpec):
 
     def busy_status_text(self) -> str:
         return "429" if self.status is None else str(self.status)
-
-
-def client_pair(client: Any) -> tuple[Any, Any, Any]:
-    """For an asyncio kind on ``client`` (sync or asyncio, a server's or a cluster's): its
-    asyncio client, a sync client of the same servers, and the ``sync_client=`` to give the
-    kind. On a cluster that is None: the kind waits and renews on its slot master's own client
-    (``SlotBound``), and would refuse a cluster client there."""
-    import redis.asyncio
-
-    from .engine.clients import async_twin, is_cluster, sync_cluster, sync_twin
-
-    if is_cluster(client):
-        if isinstance(client, redis.asyncio.RedisCluster):
-            return client, sync_cluster(client), None
-        return async_twin(client), client, None
-    if is_async_client(client):
-        sync = sync_twin(client)
-        return client, sync, sync
-    return async_twin(client), client, client
 
 
 def limited(template: str | Callable[..., str], *, permits: int, wait: float = 0,

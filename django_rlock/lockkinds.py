@@ -8,11 +8,17 @@ which re-exports these.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
-from .engine import kinds
+import redis
+import redis.asyncio
 
-__all__ = ["async_lock_of_kind", "check_kind", "check_permits", "lock_of_kind"]
+from .engine import kinds
+from .engine.clients import async_twin, is_cluster, sync_cluster, sync_twin
+
+__all__ = ["async_clients", "async_lock_of_kind", "check_kind", "check_permits",
+           "is_async_client", "lock_of_kind"]
 
 
 def __getattr__(name: str) -> Any:
@@ -52,6 +58,32 @@ def async_lock_of_kind(kind: str | None, client: Any, name: str, prefix: str,
     make = kinds.lock_factory(kind, aio=True)
     assert make is not None
     return make(client, name, prefix, **options)
+
+
+def is_async_client(client: Any) -> bool:
+    if isinstance(client, redis.Redis):  # the common case, without inspecting a method
+        return False
+    if isinstance(client, redis.asyncio.Redis):
+        return True
+    return hasattr(client, "connection_pool") and inspect.iscoroutinefunction(
+        getattr(client, "execute_command", None))
+
+
+def async_clients(client: Any) -> tuple[Any, Any, Any]:
+    """For an asyncio kind on a configured ``client`` (sync or asyncio, a server's or a
+    cluster's): its asyncio client for the running loop, a sync client of the same servers,
+    and the ``sync_client=`` to give the kind. The one place ``get_lock(aio=True)``, async
+    ``@locked``, ``@limited`` and ``@rate_limited`` decide it. On a cluster the last is None:
+    every kind then waits and renews on its slot master's own client (``SlotBound``), and the
+    counters refuse a cluster client there."""
+    if is_cluster(client):
+        if isinstance(client, redis.asyncio.RedisCluster):
+            return client, sync_cluster(client), None
+        return async_twin(client), client, None
+    if is_async_client(client):
+        sync = sync_twin(client)
+        return client, sync, sync
+    return async_twin(client), client, client
 
 
 def check_permits(permits: Any, name: str) -> int:

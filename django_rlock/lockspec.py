@@ -14,15 +14,11 @@ import string
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import redis
-import redis.asyncio
-
 from .answers import HoldTimes
 from .engine import AsyncRLock, RLock
-from .engine.clients import async_twin
 from .engine.lock import check_seconds
 from .engine.windows import check_lease, check_window
-from .lockkinds import async_lock_of_kind, check_kind, lock_of_kind
+from .lockkinds import async_clients, async_lock_of_kind, check_kind, lock_of_kind
 
 ON_BUSY = ("raise", "skip", "wait", "retry")
 
@@ -375,17 +371,15 @@ class LockSpec:
             from .engine import AsyncMultiLock, AsyncRedLock
 
             options = self._options()
-            members = [AsyncRLock(async_twin(get_client(a)), name, get_prefix(a),
-                                  sync_client=get_client(a), label=self.label, **options)
-                       for a in self.cache]
+            members = []
+            for a in self.cache:
+                aclient, _, sync = async_clients(get_client(a))
+                members.append(AsyncRLock(aclient, name, get_prefix(a), sync_client=sync,
+                                          label=self.label, **options))
             return AsyncRedLock(*members) if self.quorum else AsyncMultiLock(*members)
         place = self._place()
-        client = place.get_client()
-        if is_async_client(client):
-            options = place.options
-        else:
-            options = {**place.options, "sync_client": client}
-            client = async_twin(client)
+        client, _, sync = async_clients(place.get_client())
+        options = {**place.options, "sync_client": sync}
         if self.kind is None:
             return AsyncRLock(client, name, place.prefix, label=self.label, **options)
         lock = async_lock_of_kind(self.kind, client, name, place.prefix, label=self.label,
@@ -428,15 +422,6 @@ class LockSpec:
         from .conf import get_config
 
         return int(get_config()["BUSY_STATUS"])
-
-
-def is_async_client(client: Any) -> bool:
-    if isinstance(client, redis.Redis):  # the common case, without inspecting a method
-        return False
-    if isinstance(client, redis.asyncio.Redis):
-        return True
-    return hasattr(client, "connection_pool") and inspect.iscoroutinefunction(
-        getattr(client, "execute_command", None))
 
 
 # -- fenced locks ---------------------------------------------------------------------------------

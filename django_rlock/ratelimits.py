@@ -129,10 +129,10 @@ class RateSpec(LockSpec):
 
     def async_lock(self, name: str) -> AsyncRateCall:
         from .engine.aioratelimit import AsyncRateLimiter
-        from .limits import client_pair
+        from .lockkinds import async_clients
 
         client, prefix, _ = self.where()
-        aclient, sync, engine_sync = client_pair(client)
+        aclient, sync, engine_sync = async_clients(client)
         limiter = AsyncRateLimiter(aclient, name, prefix, sync_client=engine_sync,
                                    **self._limiter_options())
         return AsyncRateCall(self, limiter, sync)
