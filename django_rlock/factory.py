@@ -10,27 +10,23 @@ re-exported here. Layering: ``conf``, ``connection``, ``kinds`` <- this module;
 from __future__ import annotations
 
 import asyncio
-import sys
-import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 from .conf import lock_options
 from .connection import cache_alias, get_client, get_prefix, multi_lock
 from .engine import RLock
+from .engine.lock import IN_EVENT_LOOP as ENGINE_IN_EVENT_LOOP
 from .lockkinds import async_clients, async_lock_of_kind, check_kind, check_permits, lock_of_kind
 
 __all__ = ["IN_EVENT_LOOP", "async_lock_of_kind", "cache_aliases", "check_kind",
            "check_permits", "get_latch", "get_lock", "get_semaphore", "lock_of_kind",
            "one_cache", "window_options"]
 
-#: The ``RuntimeWarning`` of a sync ``get_lock()`` in a thread running an event loop. One text
-#: for every lock, so Python's warning filter says it once per call site, not once per name.
-IN_EVENT_LOOP = (
-    "get_lock() without aio=True called where an event loop is running: its RLock is owned "
-    "by the thread, so every task of this loop is the same owner (two requests would both "
-    "hold it) and waiting blocks the loop. In async code use "
-    "`async with get_lock(name, aio=True):`")
+#: The ``RuntimeWarning`` of a sync lock (``get_lock()`` without ``aio=True``) taken in a thread
+#: running an event loop: the engine's (``django_rlock.engine.lock.IN_EVENT_LOOP``), given where
+#: the lock is taken, wherever it was made.
+IN_EVENT_LOOP = ENGINE_IN_EVENT_LOOP
 
 
 if TYPE_CHECKING:  # what get_lock returns, per kind, for type checkers (mypy --strict)
@@ -152,8 +148,8 @@ def get_lock(name: str, *, cache: str | Sequence[str] | None = None,  # type: ig
     ``aio=True``: the asyncio twin of the same lock (``AsyncRLock``, ``AsyncFairLock``, ...,
     ``AsyncMultiLock`` / ``AsyncRedLock``), owned by the asyncio task, on the cache's
     ``redis.asyncio`` twin for the running loop: call it inside the coroutine that uses it.
-    Without it, a call in a thread running an event loop warns (``IN_EVENT_LOOP``): an RLock
-    there is owned by the loop's thread, which every task shares, so it excludes nothing
+    Without it, the lock taken in a thread running an event loop warns (``IN_EVENT_LOOP``): an
+    RLock there is owned by the loop's thread, which every task shares, so it excludes nothing
     between them. A warning, not an error: a one-shot ``try_lock`` with no ``await`` before
     its ``unlock`` still excludes, and code that works must not break on an upgrade.
     """
@@ -161,10 +157,6 @@ def get_lock(name: str, *, cache: str | Sequence[str] | None = None,  # type: ig
     options = window_options(lock_options(), max_hold, warn_held_after, name)
     if aio:
         return _async_lock(name, cache, label, quorum, kind, options)
-    if in_event_loop() and sys._getframe(1).f_code.co_name != "<module>":
-        # (A module's own lock made at import is not a use: uvicorn and Django's async
-        # handler import settings and views inside the loop.)
-        warnings.warn(IN_EVENT_LOOP, RuntimeWarning, stacklevel=2)
     if isinstance(cache, (list, tuple)):
         if kind is not None:
             raise ValueError(f"kind={kind!r} cannot span several caches: a MultiLock/RedLock "

@@ -7,8 +7,11 @@ the kinds share is ``base.LockBase``.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
+import warnings
+from asyncio import _get_running_loop as running_loop  # (asyncio.__all__: its fast check)
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any
@@ -33,6 +36,25 @@ from .naming import UNLOCK_MESSAGE
 from .scripts import REDIRECT_BACKOFF, RELEASE_SCRIPT, RENEW_SCRIPT, call_once
 from .wait import loop as waiting
 from .watchdog import server_id, watchdog
+
+#: The ``RuntimeWarning`` of a sync lock taken in a thread running an event loop. One text for
+#: every lock, so Python's warning filter says it once per call site, not once per name.
+IN_EVENT_LOOP = (
+    "a sync lock (RLock or another sync kind) taken in a thread running an event loop: it is "
+    "owned by the thread, so every task of this loop is the same owner (two requests would "
+    "both hold it) and waiting blocks the loop. In async code use its asyncio twin "
+    "(AsyncRLock, ...; in Django `async with get_lock(name, aio=True):`)")
+
+
+def warn_in_event_loop() -> None:
+    """Warn at the caller's line (the first frame outside django_rlock) when this thread runs
+    an event loop. ``sync_to_async`` code runs in a thread of its own: no loop runs there."""
+    if running_loop() is None:
+        return
+    frame, level = sys._getframe(1), 2  # (level 2: the frame that called this function)
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("django_rlock"):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(IN_EVENT_LOOP, RuntimeWarning, stacklevel=level)
 
 
 class RLock(LockBase):
@@ -104,15 +126,18 @@ class RLock(LockBase):
     # -- acquiring ------------------------------------------------------------------------
     def lock(self, lease_time: float | None = None) -> None:
         """Block until acquired. ``lease_time`` in seconds; ``None``: watchdog mode."""
+        warn_in_event_loop()
         self._acquire(None, self._lease_ms(lease_time))
 
     def try_lock(self, wait_time: float = 0.0, lease_time: float | None = None) -> bool:
         """Try for up to ``wait_time`` seconds (0: exactly one attempt)."""
         wait = self._wait_budget(wait_time)
+        warn_in_event_loop()
         return self._acquire(wait, self._lease_ms(lease_time))
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
         """``threading.RLock.acquire`` semantics (watchdog mode)."""
+        warn_in_event_loop()
         if not blocking:
             if timeout != -1:
                 raise ValueError(f"can't specify a timeout for a non-blocking call (lock {self.name!r})")
@@ -345,5 +370,6 @@ class RLock(LockBase):
             log_masked_release(self.name, exc_type, err)
 
 
-__all__ = ["GRANT_CHECK_MARGIN", "REGISTRATION_SLACK_MS", "YIELD_WINDOW", "HoldKey", "LockBase",
-           "RLock", "check_name", "check_seconds", "log_masked_release", "ttl_seconds"]
+__all__ = ["GRANT_CHECK_MARGIN", "IN_EVENT_LOOP", "REGISTRATION_SLACK_MS", "YIELD_WINDOW",
+           "HoldKey", "LockBase", "RLock", "check_name", "check_seconds", "log_masked_release",
+           "ttl_seconds", "warn_in_event_loop"]

@@ -1,5 +1,5 @@
 """``get_lock(..., aio=True)``: the asyncio twin of every kind on a cache alias, and the
-``RuntimeWarning`` of a sync ``get_lock()`` taken where an event loop runs (its thread-owned
+``RuntimeWarning`` of a sync lock taken where an event loop runs (its thread-owned
 RLock would let every task of the loop in at once). On a real Redis."""
 
 from __future__ import annotations
@@ -152,9 +152,10 @@ def sync_lock_warnings(call: Any) -> list[warnings.WarningMessage]:
     return [w for w in caught if w.category is RuntimeWarning]
 
 
-def test_a_sync_get_lock_in_a_running_loop_warns_at_the_call_site():
+def test_a_sync_lock_taken_in_a_running_loop_warns_at_the_call_site():
     async def main() -> None:
-        get_lock("loop")
+        with get_lock("loop"):
+            pass
 
     got = sync_lock_warnings(lambda: run(main()))
     assert [str(w.message) for w in got] == [IN_EVENT_LOOP]
@@ -162,27 +163,50 @@ def test_a_sync_get_lock_in_a_running_loop_warns_at_the_call_site():
     assert "aio=True" in IN_EVENT_LOOP
 
 
-def test_no_warning_for_a_modules_own_lock_made_at_import_in_a_running_loop():
-    """uvicorn loads the settings, and Django's async handler imports views, inside the
-    event loop: a module-level lock used by sync views is made there, and is no misuse."""
+def test_a_lock_made_outside_the_loop_warns_when_taken_in_it_every_way():
+    """The case a warning where the lock is made missed: a module's lock, taken by a
+    coroutine. ``with``, ``lock()``, ``try_lock()``, ``acquire()``, every sync kind and a
+    MultiLock (once per member, at the caller's line)."""
+    locks = [get_lock("mod"), get_lock("mod-fair", kind="fair"), get_lock("mod-w", kind="write"),
+             get_lock("mod-multi", cache=["default", "builtin"])]
+
     async def main() -> None:
-        exec(compile('NIGHTLY = get_lock("nightly")', "views.py", "exec"), {"get_lock": get_lock})
+        with locks[0]:
+            pass
+        locks[1].lock()
+        locks[1].unlock()
+        assert locks[2].try_lock(1)
+        locks[2].unlock()
+        assert locks[3].acquire(blocking=False)
+        locks[3].release()
 
-    assert sync_lock_warnings(lambda: run(main())) == []
+    got = sync_lock_warnings(lambda: run(main()))
+    assert [w.filename for w in got] == [__file__] * 5
+    assert {str(w.message) for w in got} == {IN_EVENT_LOOP}
 
 
-def test_no_warning_in_a_plain_thread_under_sync_to_async_or_with_aio():
+def test_no_warning_where_no_loop_runs_or_with_aio():
+    """A plain thread, ``sync_to_async`` (a thread of its own), a lock made in the loop and
+    taken in such a thread, and the asyncio twin: no warning."""
+    def take(name: str) -> None:
+        with get_lock(name):
+            pass
+
     def in_thread() -> None:
-        t = threading.Thread(target=get_lock, args=("thread",))
+        t = threading.Thread(target=take, args=("thread",))
         t.start()
         t.join()
 
     async def main() -> None:
-        await sync_to_async(get_lock)("s2a")  # thread_sensitive: a thread of its own
-        await sync_to_async(get_lock, thread_sensitive=False)("s2a-free")
-        get_lock("aio", aio=True)
+        await sync_to_async(take)("s2a")  # thread_sensitive: a thread of its own
+        await sync_to_async(take, thread_sensitive=False)("s2a-free")
+        made_here = get_lock("made-in-loop")
+        await sync_to_async(made_here.acquire)()
+        await sync_to_async(made_here.release)()
+        async with get_lock("aio", aio=True):
+            pass
 
-    assert sync_lock_warnings(lambda: get_lock("plain")) == []
+    assert sync_lock_warnings(lambda: take("plain")) == []
     assert sync_lock_warnings(in_thread) == []
     assert sync_lock_warnings(lambda: run(main())) == []
 
