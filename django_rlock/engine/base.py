@@ -19,8 +19,9 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from . import events, identity, releasing, replicas, waiters, windows, withdrawals
-from .clients import SlotBound, check_client, is_cluster_node
+from .clients import SlotBound, is_cluster_node
 from .errors import LockNotSyncedError
+from .flavours import check_client
 from .naming import (
     DIRECT_TOKEN_MARK,
     UNLOCK_MESSAGE,

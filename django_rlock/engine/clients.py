@@ -27,6 +27,7 @@ import redis.sentinel
 
 from . import identity
 from .aiopool import TwinPool, async_cap
+from .flavours import is_cluster
 from .naming import index_key
 
 #: Connection settings that mean the same to the sync and asyncio connection classes.
@@ -54,11 +55,6 @@ _node_pools: weakref.WeakKeyDictionary[Any, weakref.ref[Any]] = weakref.WeakKeyD
 #: Per cluster client: bumped whenever its slot map was refreshed, so locks re-resolve their node.
 _generations: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 _refresh_lock = threading.Lock()
-
-
-def is_cluster(client: Any) -> bool:
-    """A redis-py ``RedisCluster`` (sync or asyncio): many servers, no pool of its own."""
-    return not hasattr(client, "connection_pool") and hasattr(client, "get_node_from_key")
 
 
 def is_cluster_node(client: Any) -> bool:
@@ -193,30 +189,6 @@ def refresh(cluster: Any, exc: BaseException | None) -> None:
             pass  # no node answers yet (a failover under way): the next failure tries again
         finally:
             _generations[cluster] = _generations.get(cluster, 0) + 1
-
-
-def check_client(client: Any, what: str, cluster_ok: bool = False, aio: bool = False) -> None:
-    """A clear TypeError, before any command, for a client the engine cannot use.
-
-    ``what`` names the lock in the message (``"lock 'x'"``); ``cluster_ok``: this kind runs on
-    a ``RedisCluster`` (issue #10), an asyncio one if ``aio``. A cluster client is named as
-    such: it is a redis-py client, only not one of a single server.
-    """
-    if hasattr(client, "connection_pool"):
-        return
-    if is_cluster(client):
-        is_aio = isinstance(client, redis.asyncio.RedisCluster)
-        if cluster_ok and is_aio == aio:
-            return
-        kind = "an asyncio Redis Cluster" if is_aio else "a Redis Cluster"
-        if cluster_ok:
-            want = "an asyncio" if aio else "a sync"
-            raise TypeError(f"{type(client).__name__} is {kind} client; this kind ({what}) "
-                            f"takes {want} RedisCluster")
-        raise TypeError(
-            f"{type(client).__name__} is {kind} client, which this kind does not support yet "
-            f"({what}): use a client of a standalone or Sentinel-managed Redis")
-    raise TypeError(f"client must be a redis-py client, not {type(client).__name__} ({what})")
 
 
 def _twin_kwargs(pool: Any, target: Any) -> dict[str, Any]:

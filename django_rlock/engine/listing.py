@@ -41,13 +41,13 @@ from typing import Any
 
 from . import kinds, records, waiters
 from .clients import (
-    check_client,
     cluster_of,
     is_cluster,
     is_cluster_node,
     node_client,
     node_clients,
 )
+from .flavours import check_client
 from .kinds import SEMAPHORE_OR_LATCH, Kind
 from .lockinfo import (
     NEVER_MS,

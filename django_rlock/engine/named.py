@@ -16,7 +16,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from . import events, waiters
-from .clients import SlotBound, async_twin, check_client, is_cluster_node, sync_twin
+from .clients import SlotBound, async_twin, is_cluster_node, sync_twin
+from .flavours import check_client
 from .lock import check_name, check_seconds
 from .lua import Script, source
 from .naming import SEMAPHORE_CHANNEL_PREFIX, index_key, prefix_name, suffix_name
@@ -65,7 +66,8 @@ class Named(SlotBound):
                             f"({self._WHAT} {name!r})")
         for c in (client, sync_client):
             if c is not None:
-                check_client(c, f"{self._WHAT} {name!r}", cluster_ok=c is client, aio=aio)
+                check_client(c, f"{self._WHAT} {name!r}", cluster_ok=c is client,
+                             aio=aio and c is client)
         if client is None:
             raise TypeError(f"client must be a redis-py client, not NoneType "
                             f"({self._WHAT} {name!r})")

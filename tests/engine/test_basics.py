@@ -296,3 +296,34 @@ def test_an_uncontended_pair_runs_ten_commands_inside_its_two_scripts(r):
     inner = {k: n for k, n in inner.items() if k.split("|")[0] not in own}
     assert inner == {"exists": 2, "hincrby": 1, "pexpire": 1, "time": 1, "hset": 1,
                      "hget": 1, "del": 1, "hdel": 1, "publish": 1}
+
+
+def test_a_client_of_the_wrong_flavour_is_refused_before_any_command(redis_server, r):
+    """A ``redis.asyncio`` client given to a sync kind (or a sync one to an asyncio kind)
+    failed at first use, deep in redis-py, with "coroutine never awaited" warnings."""
+    import redis.asyncio
+
+    from django_rlock.engine import (
+        AsyncFairLock,
+        AsyncRLock,
+        AsyncSemaphore,
+        CountDownLatch,
+        FairLock,
+        PermitExpirableSemaphore,
+        Semaphore,
+    )
+
+    aclient = redis.asyncio.Redis(unix_socket_path=redis_server.socket)
+    r.config_resetstat()
+    for make in (RLock, FairLock, Semaphore, PermitExpirableSemaphore, CountDownLatch):
+        with pytest.raises(TypeError, match=r"is an asyncio client; \w+ 'w' takes a sync"):
+            make(aclient, "w")
+    for make in (AsyncRLock, AsyncFairLock, AsyncSemaphore):
+        with pytest.raises(TypeError, match=r"is a sync client; \w+ 'w' takes an asyncio"):
+            make(r, "w")
+    # An asyncio kind's sync_client= is a sync one: accepted, as it is.
+    AsyncSemaphore(aclient, "w", sync_client=r)
+    AsyncRLock(aclient, "w", sync_client=r)
+    calls = {k: v["calls"] for k, v in r.info("commandstats").items()
+             if k not in ("cmdstat_info", "cmdstat_config|resetstat")}
+    assert calls == {}, calls
