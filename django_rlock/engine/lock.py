@@ -17,6 +17,7 @@ from types import TracebackType
 from typing import Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import identity, leases, records, replicas, waiters, wakeline
@@ -91,6 +92,16 @@ class RLock(LockBase):
                 raise
             n = self._connected_after(exc)
         return n, self._sync_target(n)
+
+    def _recounted(self, acked: Any) -> bool:
+        """Too few acknowledgements: true if the master, probed again, has no more replicas
+        now than acknowledged (invariant 46). The count probed before a Sentinel failover
+        names the service, not the master: the new one may have fewer replicas, or none."""
+        try:
+            target = self._sync_target(replicas.connected(self._client, self._server) or 0)
+        except RedisError:
+            return False  # the shortfall stands
+        return target is None or int(acked) >= target[1]
 
     def _connected_after(self, exc: Exception) -> int:
         """The replica probe found no master (a read, so safe to repeat): on a cluster, its
@@ -182,7 +193,7 @@ class RLock(LockBase):
                 raise
             ttl = self._ttl_of(reply)
             err = self._shortfall(acked, target, connected, "an acquire") if ttl is None else None
-            if err is not None:
+            if err is not None and not self._recounted(acked):
                 call_once(self._client, self._RELEASE, self._release_keys,
                           self._release_args(k[2], args[0]))
                 raise err
@@ -301,7 +312,7 @@ class RLock(LockBase):
                 r, acked = call_once(self._client, self._RELEASE, self._release_keys, plan.args,
                                      self._wait_args(target))
                 err = self._shortfall(acked, target, connected, "a release")
-                if err is not None and r is not None:
+                if err is not None and r is not None and not self._recounted(acked):
                     self._release_unsynced(err)
         except BaseException as exc:
             if isinstance(exc, (RedisConnectionError, RedisTimeoutError)):
