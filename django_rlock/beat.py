@@ -43,7 +43,7 @@ from celery.beat import Scheduler
 from celery.exceptions import ImproperlyConfigured
 from redis.exceptions import RedisError
 
-from .beatticks import from_us, latest_tick, next_after, server_clock, to_us
+from .beatticks import from_us, latest_tick, local, next_after, server_clock, to_us
 from .engine import Leader, LeaderInfo
 from .engine.ticks import NOT_YET, SEND, STALE, TickProgress
 
@@ -317,7 +317,7 @@ class LeaderMixin:
         base = self._marks.get(name)
         if base is None:  # never sent by any leader: anchored where the scheduler has it
             base = min(to_us(entry.last_run_at), now)
-        entry.last_run_at = from_us(base)
+        entry.last_run_at = local(entry.schedule, base)  # in its timezone (beatticks)
         server_clock(entry.schedule, progress.now)
         try:
             due, next_s = self.is_due(entry)  # type: ignore[attr-defined]

@@ -1,0 +1,72 @@
+"""Celery beat on every replica, the faults and gaps ``test_beat.py``'s sequence does not
+cover, each on real ``celery beat`` processes and a Redis of the test's own:
+
+- a catch-up after a month-long gap in a crontab of an app not on UTC: one send, the latest
+  tick, on the grid, at the app's hour (Celery 5.5 reads a crontab's hour in whatever
+  timezone it is given; CI runs this file again on Celery 5.5).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from django_rlock.engine import Leader
+from django_rlock.engine.ticks import TickProgress
+from django_rlock.testing import RedisServer
+
+from .beat_harness import BROKER_DB, GROUP, SECOND, Beats, Reader, beat_env, wait_for
+
+MINUTE = 60 * SECOND
+DAY = 86400 * SECOND
+
+
+@pytest.fixture
+def server() -> Iterator[RedisServer]:
+    s = RedisServer().start()
+    yield s
+    s.stop()
+
+
+def server_now(client: object) -> int:
+    secs, micros = client.time()  # type: ignore[attr-defined]
+    return int(secs) * SECOND + int(micros)
+
+
+def test_a_month_long_gap_in_a_crontab_is_one_send_at_the_app_s_hour(
+        server: RedisServer, tmp_path: Path) -> None:
+    """``crontab(minute="*", hour=H)``, H the hour now in Asia/Kolkata (UTC+5:30), the app's
+    timezone; the entry's progress 30 days old (1,800 ticks since). The leader sends once, the
+    minute now (not each tick, nor one message per 1,000 of them; not H o'clock UTC, 5.5 h
+    away), then keeps the grid."""
+    client = server.client(db=BROKER_DB)
+    zone = "Asia/Kolkata"
+    hour = datetime.now(ZoneInfo(zone)).hour
+    leader = Leader(client, GROUP, "rlock:")
+    progress = TickProgress(client, leader.key, leader.token_key)
+    client.hset(progress.key, "minutely", str(server_now(client) - 30 * DAY + 17 * SECOND))
+    reader = Reader(server.client(db=BROKER_DB))
+    beats = Beats("django_rlock.beat:LeaderScheduler",
+                  beat_env(server, RLOCK_BEAT_TZ=zone, RLOCK_BEAT_HOUR=str(hour)), tmp_path, n=1)
+    try:
+        wait_for(lambda: reader.messages, 60, f"the catch-up send\n{beats.text()}")
+        time.sleep(3.0)  # a backlog would follow within milliseconds
+        now = server_now(client)
+    finally:
+        beats.stop()
+        reader.stop()
+    msgs = reader.messages
+    report = "\n".join(m.raw_tick for m in msgs)
+    first = msgs[0].tick
+    assert first % MINUTE == 0, report  # on the grid
+    assert now - 2 * MINUTE <= first <= now, f"not the latest tick: {report}"
+    assert datetime.fromtimestamp(first / SECOND, ZoneInfo(zone)).hour == hour, report
+    # At most the next minute's tick after it (the test's 3 s may cross a minute).
+    assert len(msgs) <= 2 and all(b.tick - a.tick == MINUTE
+                                  for a, b in zip(msgs, msgs[1:], strict=False)), report
+    assert int(client.hget(progress.key, "minutely")) == msgs[-1].tick
