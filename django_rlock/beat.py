@@ -154,20 +154,42 @@ def describe(info: LeaderInfo | None) -> str:
         f"{where}, term {info.term}"
 
 
+#: The signals whose handlers ``signals_deferred`` holds back.
+DEFERRED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
 @contextlib.contextmanager
 def signals_deferred() -> Iterator[None]:
-    """SIGTERM and SIGINT wait until the block ends (delivered then): beat's handler exits
-    from wherever the main thread is, and between advancing a tick and sending it that would
-    lose the tick."""
-    try:
-        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
-    except (AttributeError, OSError, ValueError):
+    """SIGTERM and SIGINT that arrive inside the block are handled as it ends (each once, in
+    the order they came): beat's handler raises ``SystemExit`` from wherever the main thread
+    is, and between advancing a tick and sending it that would lose the tick.
+
+    The Python handlers are swapped for a recorder over the block, then put back and the
+    recorded signals raised again. Blocking the signals (``pthread_sigmask``) would not do:
+    it holds them back from the calling thread only, the kernel hands them to another of the
+    process's threads (the Leader's, the watchdog, pub/sub), and Python then runs the handler
+    in the main thread at its next bytecode, inside the block. Only the main thread can swap
+    handlers; in any other thread the block defers nothing (and no handler runs there)."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
+    pending: list[int] = []
+
+    def record(signum: int, _frame: Any) -> None:
+        if signum not in pending:
+            pending.append(signum)
+
+    saved: dict[int, Any] = {}
     try:
+        for sig in DEFERRED_SIGNALS:
+            if signal.getsignal(sig) is not None:  # None: set outside Python, left alone
+                saved[sig] = signal.signal(sig, record)
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+        for sig in pending:
+            signal.raise_signal(sig)  # its handler runs here, after the block
 
 
 class LeaderMixin:

@@ -3,7 +3,9 @@ cover, each on real ``celery beat`` processes and a Redis of the test's own:
 
 - a catch-up after a month-long gap in a crontab of an app not on UTC: one send, the latest
   tick, on the grid, at the app's hour (Celery 5.5 reads a crontab's hour in whatever
-  timezone it is given; CI runs this file again on Celery 5.5).
+  timezone it is given; CI runs this file again on Celery 5.5);
+- SIGTERM delivered to another thread between a tick's progress and its send: the message
+  goes out, then beat exits.
 """
 
 from __future__ import annotations
@@ -70,3 +72,27 @@ def test_a_month_long_gap_in_a_crontab_is_one_send_at_the_app_s_hour(
     assert len(msgs) <= 2 and all(b.tick - a.tick == MINUTE
                                   for a, b in zip(msgs, msgs[1:], strict=False)), report
     assert int(client.hget(progress.key, "minutely")) == msgs[-1].tick
+
+
+def test_sigterm_between_a_tick_s_progress_and_its_send_waits_for_the_send(
+        server: RedisServer, tmp_path: Path) -> None:
+    """Beat's SIGTERM handler (``SystemExit``) runs after the message is out, though the
+    signal came from another thread while the main thread was inside the window; then the beat
+    exits as usual (0), its tick's progress in Redis and the tick in the broker agree."""
+    client = server.client(db=BROKER_DB)
+    leader = Leader(client, GROUP, "rlock:")
+    progress = TickProgress(client, leader.key, leader.token_key)
+    reader = Reader(server.client(db=BROKER_DB))
+    beats = Beats("tests.celery.beat_sigterm:SigtermInSend", beat_env(server), tmp_path, n=1)
+    proc = beats.procs[0]
+    try:
+        code = proc.wait(60)
+        time.sleep(0.5)  # the reader's last pop
+    finally:
+        beats.stop()
+        reader.stop()
+    text = beats.text()
+    sent = client.hget(progress.key, "every-second")
+    assert sent is not None, text
+    assert [m.tick for m in reader.messages] == [int(sent)], f"tick lost\n{text}"
+    assert code == 0, text
