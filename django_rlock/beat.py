@@ -211,7 +211,6 @@ class LeaderMixin:
         self.beat: BeatConfig | None = None
         self._term: int | None = None  # the term whose progress is loaded
         self._announced: int | None = None  # the last term logged
-        self._stale: int | None = None
         self._standby_logged = False
         self._setup_pending = False
         self._marks: dict[str, int] = {}
@@ -270,7 +269,7 @@ class LeaderMixin:
         leader = self.leadership
         assert leader is not None
         term, owner = leader.term, leader.owner
-        if term is None or owner is None or leader.term != term or term == self._stale:
+        if term is None or owner is None or leader.term != term:
             return None
         return term, owner
 
@@ -280,8 +279,6 @@ class LeaderMixin:
                         self._term)
             self._term = None
             self._standby_logged = False
-        if leader.term is not None and leader.term == self._stale:
-            return RETRY_PAUSE  # our term was refused; the Leader learns it at its next renewal
         if not self._standby_logged:
             if leader.wait_elected(STANDBY_GRACE):
                 return 0.0
@@ -300,7 +297,6 @@ class LeaderMixin:
         self._marks = self.progress.load()
         self._due.clear()
         self._term = term
-        self._stale = None
         self._standby_logged = False
         if self._setup_pending:
             self._setup_pending = False
@@ -356,10 +352,16 @@ class LeaderMixin:
         with signals_deferred():
             result = progress.advance(term, owner, name, tick, base)
             if result.code == STALE:
+                # Deposed, or the term's token key lost (evicted, deleted) while the hash is
+                # still renewed: either way the term is over. Given up for real, so the key is
+                # released and a leader (maybe this process) elected with a valid term.
                 logger.warning("django-rlock beat: term %d refused by Redis (no longer the "
-                               "leader of %r); sending nothing", term, self.beat and
-                               self.beat.group)
-                self._stale = term
+                               "leader of %r, or its token key %r is gone); sending nothing, "
+                               "giving the term up and campaigning again", term,
+                               self.leadership and self.leadership.group,
+                               progress.token_key)
+                if self.leadership is not None:
+                    self.leadership.abandon(term)
                 return None
             self._marks[name] = result.progress if result.progress is not None else base
             if result.code == SEND:

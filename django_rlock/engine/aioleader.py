@@ -195,7 +195,7 @@ class AsyncLeader(LeaderBase):
                     continue
                 await slot.aleave()
                 slot = lock.watch(loop)
-                if self._stopping:
+                if self._stopping or term.over:
                     continue
                 try:  # never waiting past the doubt (a frozen Redis)
                     async with asyncio.timeout(max(0.0, until(term.hold) - time.monotonic())):

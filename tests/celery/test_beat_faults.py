@@ -4,6 +4,8 @@ cover, each on real ``celery beat`` processes and a Redis of the test's own:
 - a catch-up after a month-long gap in a crontab of an app not on UTC: one send, the latest
   tick, on the grid, at the app's hour (Celery 5.5 reads a crontab's hour in whatever
   timezone it is given; CI runs this file again on Celery 5.5);
+- the leadership's token key lost (evicted, deleted by hand): the term is given up, ticks go
+  on within a lease, none twice;
 - SIGTERM delivered to another thread between a tick's progress and its send: the message
   goes out, then beat exits.
 """
@@ -11,6 +13,7 @@ cover, each on real ``celery beat`` processes and a Redis of the test's own:
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -22,7 +25,7 @@ from django_rlock.engine import Leader
 from django_rlock.engine.ticks import TickProgress
 from django_rlock.testing import RedisServer
 
-from .beat_harness import BROKER_DB, GROUP, SECOND, Beats, Reader, beat_env, wait_for
+from .beat_harness import BROKER_DB, GROUP, SECOND, WATCHDOG, Beats, Reader, beat_env, wait_for
 
 MINUTE = 60 * SECOND
 DAY = 86400 * SECOND
@@ -72,6 +75,36 @@ def test_a_month_long_gap_in_a_crontab_is_one_send_at_the_app_s_hour(
     assert len(msgs) <= 2 and all(b.tick - a.tick == MINUTE
                                   for a, b in zip(msgs, msgs[1:], strict=False)), report
     assert int(client.hget(progress.key, "minutely")) == msgs[-1].tick
+
+
+def test_a_lost_token_key_gives_the_term_up_and_ticks_go_on_once_each(
+        server: RedisServer, tmp_path: Path) -> None:
+    """Two beats, an every-second entry; the leadership's token key (only) is deleted. The
+    leader's next tick is refused by Redis: it gives the term up (WARNING), and a leader with
+    a new term (either process) sends the following ticks: within a lease, none twice."""
+    client = server.client(db=BROKER_DB)
+    leader = Leader(client, GROUP, "rlock:")  # never started: reads who leads
+    reader = Reader(server.client(db=BROKER_DB))
+    beats = Beats("django_rlock.beat:LeaderScheduler", beat_env(server), tmp_path, n=2)
+    try:
+        wait_for(lambda: len(reader.messages) >= 3, 60, f"three ticks\n{beats.text()}")
+        old = reader.messages[-1].term
+        assert client.delete(leader.token_key) == 1
+        lost = time.monotonic()
+        wait_for(lambda: len(reader.since(lost)) >= 3, WATCHDOG + 10,
+                 f"three ticks after the token key was deleted\n{beats.text()}")
+    finally:
+        beats.stop()
+        reader.stop()
+    msgs = reader.messages
+    report = "\n".join(f"{m.at - msgs[0].at:7.3f} term {m.term} tick {m.raw_tick}" for m in msgs)
+    dup = [t for t, n in Counter(m.tick for m in msgs).items() if n > 1]
+    assert not dup, f"ticks sent twice: {dup}\n{report}"
+    assert [m.tick for m in msgs] == sorted(m.tick for m in msgs), report
+    after = reader.since(lost)
+    assert after[0].term > old, report
+    assert after[0].at - lost <= WATCHDOG + 1.0, report  # a lease, at most
+    assert "refused by Redis" in beats.text() and "giving the term up" in beats.text()
 
 
 def test_sigterm_between_a_tick_s_progress_and_its_send_waits_for_the_send(
