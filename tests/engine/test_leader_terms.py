@@ -57,7 +57,8 @@ print("exiting", flush=True)
 def test_a_normal_exit_without_stop_hands_over_at_once(redis_server: Any, r: redis.Redis,
                                                       mode: str) -> None:
     """The leader's process returns without ``stop()``; a standby of another process (lease
-    10 s) is elected within a second of the exit, the old leader was told ``"stopped"``, and
+    10 s) is elected within a second or so of the exit (3 s allowed on a loaded machine; a
+    lease left to expire is 6.7-10 s), the old leader was told ``"stopped"``, and
     nothing warns of a lock left held by a task."""
     group = f"exit-{mode}"
     child = subprocess.Popen([sys.executable, "-c", CHILD, redis_server.socket, group, mode],
@@ -76,7 +77,7 @@ def test_a_normal_exit_without_stop_hands_over_at_once(redis_server: Any, r: red
         elected = standby.wait_elected(8)
         took = time.monotonic() - t0
         out, err = child.communicate(timeout=30)
-        assert elected and took < 1.5, (took, out, err)
+        assert elected and took < 3.0, (took, out, err)  # (the lease: 10 s)
         assert standby.term is not None and standby.term > int(first[1])
         assert "revoked stopped" in out, (out, err)
         assert "finished without unlocking" not in err, err
