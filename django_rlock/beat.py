@@ -43,7 +43,7 @@ from celery.beat import Scheduler
 from celery.exceptions import ImproperlyConfigured
 from redis.exceptions import RedisError
 
-from .beatticks import from_us, latest_tick, next_after, server_clock, to_us
+from .beatticks import from_us, latest_tick, local, next_after, server_clock, to_us
 from .engine import Leader, LeaderInfo
 from .engine.ticks import NOT_YET, SEND, STALE, TickProgress
 
@@ -154,20 +154,42 @@ def describe(info: LeaderInfo | None) -> str:
         f"{where}, term {info.term}"
 
 
+#: The signals whose handlers ``signals_deferred`` holds back.
+DEFERRED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
 @contextlib.contextmanager
 def signals_deferred() -> Iterator[None]:
-    """SIGTERM and SIGINT wait until the block ends (delivered then): beat's handler exits
-    from wherever the main thread is, and between advancing a tick and sending it that would
-    lose the tick."""
-    try:
-        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
-    except (AttributeError, OSError, ValueError):
+    """SIGTERM and SIGINT that arrive inside the block are handled as it ends (each once, in
+    the order they came): beat's handler raises ``SystemExit`` from wherever the main thread
+    is, and between advancing a tick and sending it that would lose the tick.
+
+    The Python handlers are swapped for a recorder over the block, then put back and the
+    recorded signals raised again. Blocking the signals (``pthread_sigmask``) would not do:
+    it holds them back from the calling thread only, the kernel hands them to another of the
+    process's threads (the Leader's, the watchdog, pub/sub), and Python then runs the handler
+    in the main thread at its next bytecode, inside the block. Only the main thread can swap
+    handlers; in any other thread the block defers nothing (and no handler runs there)."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
+    pending: list[int] = []
+
+    def record(signum: int, _frame: Any) -> None:
+        if signum not in pending:
+            pending.append(signum)
+
+    saved: dict[int, Any] = {}
     try:
+        for sig in DEFERRED_SIGNALS:
+            if signal.getsignal(sig) is not None:  # None: set outside Python, left alone
+                saved[sig] = signal.signal(sig, record)
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+        for sig in pending:
+            signal.raise_signal(sig)  # its handler runs here, after the block
 
 
 class LeaderMixin:
@@ -189,7 +211,6 @@ class LeaderMixin:
         self.beat: BeatConfig | None = None
         self._term: int | None = None  # the term whose progress is loaded
         self._announced: int | None = None  # the last term logged
-        self._stale: int | None = None
         self._standby_logged = False
         self._setup_pending = False
         self._marks: dict[str, int] = {}
@@ -248,7 +269,7 @@ class LeaderMixin:
         leader = self.leadership
         assert leader is not None
         term, owner = leader.term, leader.owner
-        if term is None or owner is None or leader.term != term or term == self._stale:
+        if term is None or owner is None or leader.term != term:
             return None
         return term, owner
 
@@ -258,8 +279,6 @@ class LeaderMixin:
                         self._term)
             self._term = None
             self._standby_logged = False
-        if leader.term is not None and leader.term == self._stale:
-            return RETRY_PAUSE  # our term was refused; the Leader learns it at its next renewal
         if not self._standby_logged:
             if leader.wait_elected(STANDBY_GRACE):
                 return 0.0
@@ -278,7 +297,6 @@ class LeaderMixin:
         self._marks = self.progress.load()
         self._due.clear()
         self._term = term
-        self._stale = None
         self._standby_logged = False
         if self._setup_pending:
             self._setup_pending = False
@@ -317,7 +335,7 @@ class LeaderMixin:
         base = self._marks.get(name)
         if base is None:  # never sent by any leader: anchored where the scheduler has it
             base = min(to_us(entry.last_run_at), now)
-        entry.last_run_at = from_us(base)
+        entry.last_run_at = local(entry.schedule, base)  # in its timezone (beatticks)
         server_clock(entry.schedule, progress.now)
         try:
             due, next_s = self.is_due(entry)  # type: ignore[attr-defined]
@@ -334,10 +352,16 @@ class LeaderMixin:
         with signals_deferred():
             result = progress.advance(term, owner, name, tick, base)
             if result.code == STALE:
+                # Deposed, or the term's token key lost (evicted, deleted) while the hash is
+                # still renewed: either way the term is over. Given up for real, so the key is
+                # released and a leader (maybe this process) elected with a valid term.
                 logger.warning("django-rlock beat: term %d refused by Redis (no longer the "
-                               "leader of %r); sending nothing", term, self.beat and
-                               self.beat.group)
-                self._stale = term
+                               "leader of %r, or its token key %r is gone); sending nothing, "
+                               "giving the term up and campaigning again", term,
+                               self.leadership and self.leadership.group,
+                               progress.token_key)
+                if self.leadership is not None:
+                    self.leadership.abandon(term)
                 return None
             self._marks[name] = result.progress if result.progress is not None else base
             if result.code == SEND:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
+from . import identity
 from .leadership import (
     IN_DOUBT,
     LOST,
@@ -154,15 +155,33 @@ class AsyncLeader(LeaderBase):
             except Exception:  # a bug here must not leave a believing leader without a task
                 logger.exception("django-rlock: leader %r: its watch failed", self.group)
                 reason = self._end(term, IN_DOUBT)
-            except BaseException:  # cancelled: stand down all the same
-                self._end(term, STOPPED)
-                self._elected.clear()
-                await asyncio.shield(self._give_back())
+            except BaseException:  # cancelled (at asyncio.run's end, too): stand down
+                await self._cancelled(term)
                 raise
             self._elected.clear()
             self._announce(token, reason)
             await self._call(self.on_revoked, reason)
             await self._give_back()
+
+    async def _cancelled(self, term: Term) -> None:
+        """The campaign's task was cancelled while it led: ``asyncio.run`` cancels the tasks
+        still running when its coroutine returns (a normal exit without ``stop()``), and so
+        does a task group that fails. Stand down as ``stop()`` does (revoked "stopped", the
+        key released, a standby elected at once), on a task acting for the campaign's own (the
+        key's owner: a task of its own could not release it, and the campaign's end would be
+        taken for a lock left held), shielded from a second cancellation."""
+        reason = self._end(term, STOPPED)
+        self._elected.clear()
+
+        async def stand_down() -> None:
+            self._announce(term.token, reason)
+            await self._call(self.on_revoked, reason)
+            await self._give_back()
+
+        with identity.acting_for(asyncio.current_task()):
+            task = asyncio.get_running_loop().create_task(
+                stand_down(), name=f"django-rlock leader {self.group} stand-down")
+        await asyncio.shield(task)
 
     async def _give_back(self) -> None:
         try:
@@ -195,7 +214,7 @@ class AsyncLeader(LeaderBase):
                     continue
                 await slot.aleave()
                 slot = lock.watch(loop)
-                if self._stopping:
+                if self._stopping or term.over:
                     continue
                 try:  # never waiting past the doubt (a frozen Redis)
                     async with asyncio.timeout(max(0.0, until(term.hold) - time.monotonic())):

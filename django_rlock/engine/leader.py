@@ -210,7 +210,7 @@ class Leader(LeaderBase):
                 # may be gone with a restart) or a nudge: look, without waiting past the doubt.
                 slot.leave()
                 slot = lock.watch()
-                if not self._stop.is_set() and not self._still_ours(term):
+                if not self._stop.is_set() and not term.over and not self._still_ours(term):
                     return self._end(term, LOST)
         finally:
             slot.leave()

@@ -302,6 +302,23 @@ class LeaderBase:
             t = self._term
             return t.owner if t is not None and t.confirmed() else None
 
+    def abandon(self, term: int) -> bool:
+        """Give ``term`` up now, if it is this process's current one: ``is_leader()`` is false
+        from here on, and the Leader's thread (or task) then says so (``on_revoked("lost")``,
+        a WARNING), releases the key and campaigns again, for a new term.
+
+        For a caller whose fenced write Redis refused while the leadership is still renewed:
+        renewal looks at the key's hash only, so a term whose token key was lost (evicted, or
+        deleted by hand) would otherwise go on "leading" with every fenced write refused, and
+        no standby elected. False (nothing done) if ``term`` is not the current term."""
+        with self._mu:
+            t = self._term
+            if t is None or t.token != term or not t.confirmed():
+                return False
+            t.over, t.reason = True, LOST
+        self._lock.nudge()  # wakes the Leader's watch, which finds the term over
+        return True
+
     def _elect(self, token: int, owner: str) -> Term | None:
         hold = watchdog().get((self._lock.server, self.key, owner))
         if hold is None:

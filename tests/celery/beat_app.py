@@ -1,6 +1,9 @@
 """The Celery app run by the beat tests (``tests/celery/test_beat.py``) as three ``celery beat``
 processes: a Redis broker of the test's own, one entry every second, no worker.
 
+``RLOCK_BEAT_HOUR=H`` (with ``RLOCK_BEAT_TZ``, the app's timezone): the one entry is
+``crontab(minute="*", hour=H)``, named ``minutely``.
+
 ``RLOCK_BEAT_DJANGO=1``: Django with django-celery-beat (``beat_settings``), the entry a row of
 its database; else the entry is the app's ``beat_schedule``. ``python -m tests.celery.beat_app
 setup-db`` migrates that database and adds the row (run once, before the beats start).
@@ -22,9 +25,16 @@ if DJANGO:
 from celery import Celery  # noqa: E402
 
 app = Celery("beattests", broker=os.environ["RLOCK_BEAT_BROKER"])
+if os.environ.get("RLOCK_BEAT_HOUR"):  # a crontab: every minute of that hour, in the app's tz
+    from celery.schedules import crontab
+
+    schedule = {"minutely": {"task": "beat.tick", "schedule": crontab(
+        minute="*", hour=int(os.environ["RLOCK_BEAT_HOUR"]))}}
+else:
+    schedule = {} if DJANGO else {"every-second": {"task": "beat.tick", "schedule": 1.0}}
 app.conf.update(
-    timezone="UTC",
-    beat_schedule={} if DJANGO else {"every-second": {"task": "beat.tick", "schedule": 1.0}},
+    timezone=os.environ.get("RLOCK_BEAT_TZ", "UTC"),
+    beat_schedule=schedule,
     result_expires=None,  # no celery.backend_cleanup entry: the one entry is the test's
     broker_connection_retry_on_startup=True,
 )

@@ -12,118 +12,31 @@ leader sends nothing. Runs once per scheduler (~30 s each), not on the 6.2/Valke
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-import redis
 
 from django_rlock.engine import Leader
 from django_rlock.testing import RedisServer
 
-ROOT = Path(__file__).parents[2]
-WATCHDOG = 3.0  # s: the beats' watchdog timeout (their lease)
-BROKER_DB = 1
-GROUP = "celery-beat:beattests"
-SECOND = 1_000_000  # µs
-
-
-@dataclass(frozen=True)
-class Message:
-    at: float  # monotonic arrival time at the reader
-    wall: float  # time.time() at arrival
-    term: int
-    tick: int  # µs since the epoch
-    raw_tick: str
-
-
-def tick_us(value: str) -> int:
-    when = datetime.fromisoformat(value)
-    return (when - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
-
-
-class Reader:
-    """Pops every message of the ``celery`` queue as it arrives."""
-
-    def __init__(self, client: redis.Redis) -> None:
-        self.client = client
-        self.messages: list[Message] = []
-        self.other: list[Any] = []
-        self._stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            got = self.client.brpop(["celery"], timeout=0.2)
-            if got is None:
-                continue
-            at, wall = time.monotonic(), time.time()
-            headers = json.loads(got[1])["headers"]
-            if "rlock_beat_tick" not in headers:
-                self.other.append(headers)
-                continue
-            self.messages.append(Message(at, wall, int(headers["rlock_beat_term"]),
-                                         tick_us(headers["rlock_beat_tick"]),
-                                         headers["rlock_beat_tick"]))
-
-    def since(self, t: float) -> list[Message]:
-        return [m for m in list(self.messages) if m.at > t]
-
-    def stop(self) -> None:
-        self._stop.set()
-        self.thread.join(5)
-
-
-class Beats:
-    """Three ``celery beat`` processes of ``tests.celery.beat_app``."""
-
-    def __init__(self, scheduler: str, env: dict[str, str], tmp: Path, n: int = 3) -> None:
-        self.logs = [tmp / f"beat{i}.log" for i in range(n)]
-        self.procs = [subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "tests.celery.beat_app", "beat", "-l", "info",
-             "-S", scheduler], cwd=tmp, env=env, stdout=log.open("w"),
-            stderr=subprocess.STDOUT, start_new_session=True) for log in self.logs]
-
-    def by_pid(self, pid: int) -> subprocess.Popen[bytes]:
-        return next(p for p in self.procs if p.pid == pid)
-
-    def log_of(self, pid: int) -> str:
-        return self.logs[self.procs.index(self.by_pid(pid))].read_text()
-
-    def stop(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                os.kill(p.pid, signal.SIGCONT)
-                os.kill(p.pid, signal.SIGTERM)
-        for p in self.procs:
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
+from .beat_harness import (
+    BROKER_DB,
+    GROUP,
+    SECOND,
+    WATCHDOG,
+    Beats,
+    Message,
+    Reader,
+    beat_env,
+    wait_for,
+)
 
 
 @pytest.fixture
@@ -135,10 +48,7 @@ def server() -> Iterator[RedisServer]:
 
 def scenario(server: RedisServer, tmp: Path, scheduler: str, django: bool,
              prefix: str) -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT),
-           "RLOCK_BEAT_BROKER": f"redis+socket://{server.socket}?virtual_host={BROKER_DB}",
-           "RLOCK_BEAT_WATCHDOG": str(WATCHDOG)}
-    env.pop("DJANGO_SETTINGS_MODULE", None)  # pytest-django's: a plain Celery app has none
+    env = beat_env(server)
     client = server.client(db=BROKER_DB)
     if django:
         env.update(RLOCK_BEAT_DJANGO="1", RLOCK_BEAT_DB=str(tmp / "beat.sqlite3"),

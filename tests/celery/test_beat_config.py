@@ -14,7 +14,7 @@ from celery.exceptions import ImproperlyConfigured
 from celery.schedules import crontab, schedule
 
 from django_rlock.beat import beat_config, redis_url_of_broker
-from django_rlock.beatticks import from_us, latest_tick, next_after, to_us
+from django_rlock.beatticks import from_us, latest_tick, next_after, server_clock, to_us
 
 ROOT = Path(__file__).parents[2]
 S = 1_000_000
@@ -106,6 +106,45 @@ def test_crontab_ticks_are_pure_functions_of_the_last_one() -> None:
     now = to_us(datetime(2026, 1, 1, 12, 10, 5, tzinfo=UTC))
     assert from_us(latest_tick(minutely, base, now)) == datetime(2026, 1, 1, 12, 10, tzinfo=UTC)
     assert minutely.nowfun is None  # the probe's "now" was put back
+
+
+def test_crontab_ticks_are_at_the_app_s_hour_across_a_dst_change() -> None:
+    """``hour=9`` in an app on Europe/Paris is 08:00 UTC in winter, 07:00 UTC in summer (on
+    Celery 5.5 too, which reads the hour of the datetime it is given as it is: CI runs this
+    file on 5.5 as well)."""
+    app = Celery("proj", set_as_current=False)
+    app.conf.timezone = "Europe/Paris"
+    nine = crontab(hour=9, minute=0, app=app)
+    winter = to_us(datetime(2026, 11, 27, 7, 0, tzinfo=UTC))  # 08:00 in Paris
+    assert from_us(next_after(nine, winter)) == datetime(2026, 11, 27, 8, 0, tzinfo=UTC)
+    saturday = to_us(datetime(2026, 3, 28, 8, 0, tzinfo=UTC))  # the day before summer time
+    assert from_us(next_after(nine, saturday)) == datetime(2026, 3, 29, 7, 0, tzinfo=UTC)
+    now = to_us(datetime(2026, 11, 27, 8, 0, 5, tzinfo=UTC))
+    assert from_us(latest_tick(nine, winter - 2 * 86400 * S, now)) == datetime(
+        2026, 11, 27, 8, 0, tzinfo=UTC)
+    # "Due" as the scheduler sees it, with the server's clock (in the schedule's timezone).
+    server_clock(nine, lambda: now)
+    due, _ = nine.is_due(from_us(winter).astimezone(nine.tz))
+    assert due
+    server_clock(nine, lambda: now)  # (set once: a second call keeps the first)
+    assert nine.now().utcoffset() == timedelta(hours=1)
+
+
+@pytest.mark.parametrize(("spec", "gap_days", "latest"), [
+    ({"minute": "*"}, 7, datetime(2026, 11, 27, 5, 20, tzinfo=UTC)),            # 10,080 ticks
+    ({"minute": "*/5", "hour": "3"}, 400, datetime(2026, 11, 27, 3, 55, tzinfo=UTC)),
+    ({"minute": 0, "hour": 9, "day_of_month": 1, "month_of_year": 1}, 3000,
+     datetime(2026, 1, 1, 9, 0, tzinfo=UTC)),
+])
+def test_a_gap_of_any_length_is_one_tick_the_latest_on_the_grid(
+        spec: dict[str, object], gap_days: int, latest: datetime) -> None:
+    app = Celery("proj", set_as_current=False)
+    app.conf.timezone = "UTC"
+    sched = crontab(app=app, **spec)  # type: ignore[arg-type]
+    now = to_us(datetime(2026, 11, 27, 5, 20, 30, tzinfo=UTC))
+    base = now - gap_days * 86400 * S + 7 * S
+    assert from_us(latest_tick(sched, base, now)) == latest
+    assert next_after(sched, to_us(latest)) > now
 
 
 def test_without_django_celery_beat_the_database_scheduler_names_the_package() -> None:
