@@ -18,6 +18,7 @@ not the watchdog's: it sends none, as nothing would say when it ends.)
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import os
@@ -159,6 +160,12 @@ class _PermitsBase(Named):
 
     def _unrenewed(self, permit_id: str) -> None:
         watchdog().forget(self._hold_key(permit_id))
+
+    def _wait(self, since: float | None = None) -> Any:
+        """The shared wait, with the label (its ``wait_started`` / ``wait_ended``: the
+        ``waiting`` gauge by template)."""
+        w = super()._wait(since)
+        return w if self.label is None else dataclasses.replace(w, label=self.label)
 
     def _taken(self, permit_id: str | None, t0: float, renewed: bool) -> str | None:
         """A permit was taken (or not: None): the ``acquired`` event of a renewed one."""

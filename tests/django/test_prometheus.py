@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -80,6 +81,34 @@ def test_limited_permits_count_as_acquisitions_by_template(installed_by_setting)
     assert after == {"acquisitions_total": 4, "busy_total": 1, "held_seconds_count": 4,
                      "wait_seconds_count": 4}
     assert value("django_rlock_held", lock=t) == 0
+
+
+def test_a_limited_call_waiting_for_a_permit_counts_under_its_template(installed_by_setting):
+    import threading
+
+    t = "slot:{u}"
+    inside, go = threading.Event(), threading.Event()
+
+    @limited(t, permits=1, wait=10)
+    def slot(u: int) -> int:
+        inside.set()
+        go.wait(10)
+        return u
+
+    first = threading.Thread(target=slot, args=(1,))
+    first.start()
+    assert inside.wait(10)
+    inside.clear()
+    second = threading.Thread(target=slot, args=(1,))
+    second.start()
+    deadline = time.monotonic() + 10
+    while value("django_rlock_waiting", lock=t) < 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert value("django_rlock_waiting", lock=t) == 1 and value("django_rlock_held", lock=t) == 1
+    go.set()
+    first.join(10)
+    second.join(10)
+    assert value("django_rlock_waiting", lock=t) == 0 and value("django_rlock_held", lock=t) == 0
 
 
 def test_without_the_setting_nothing_is_installed(settings: Any):
