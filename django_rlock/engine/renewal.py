@@ -326,7 +326,7 @@ class Scheduler:
                     self._wake_at = next_at
                     self._cond.wait(None if next_at == float("inf") else max(0.0, next_at - now))
                     self._wake_at = 0.0
-                    stalls.woke(next_at, time.monotonic())  # late: the process did not run
+                    stalls.woke(max(next_at, now), time.monotonic())  # late: it did not run
                     continue
             for server in start:
                 run_on(self._pool, self._drain, server)  # type: ignore[arg-type]
