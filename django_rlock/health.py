@@ -3,7 +3,8 @@
     from django_rlock import health
     health.status()            # {"ok": True, "problems": [], "redis": [...], ...}
 
-``status()`` checks what can break under a running process: Redis reachable; the watchdog
+``status()`` checks what can break under a running process: Redis reachable and taking
+writes (a write pause or a replica answers PING while every lock call hangs or fails); the watchdog
 thread alive and every renewed hold's last confirmed renewal younger than a third of its
 lease (plus half a period's grace); the pub/sub connection up; replicas acknowledging within
 ``RLOCK["SYNC_TIMEOUT"]`` where replica sync is on; the holds in doubt (``is_lost()`` true).
@@ -16,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from .conf import get_config
-from .connection import cache_alias, client_of
+from .connection import cache_alias, client_of, get_prefix
 from .engine import doctor as engine_doctor
 from .engine import health as engine_health
 
@@ -27,7 +28,8 @@ def status(cache: str | None = None) -> dict[str, Any]:
     alias = cache_alias(cache)
     config = get_config()
     out = engine_health.status(client_of(alias), sync_replicas=config["SYNC_REPLICAS"],
-                               sync_timeout=float(config["SYNC_TIMEOUT"]))
+                               sync_timeout=float(config["SYNC_TIMEOUT"]),
+                               prefix=get_prefix(alias))
     return {"cache": alias, **out}
 
 
@@ -59,6 +61,10 @@ def doctor_lines(report: dict[str, Any], style: Any = None) -> list[str]:
         else:
             detail = f"unreachable: {s.get('error', '?')}"
         lines.append(f"  {mark(s['reachable'])} redis     {s['server']}: {detail}")
+        w = s.get("writes")
+        if w is not None:
+            detail = "taken" if w["ok"] else f"HELD OR REFUSED: {w.get('error', '?')}"
+            lines.append(f"  {mark(w['ok'])} writes    {detail}")
         r = s.get("replicas")
         if r is not None:
             detail = (f"{r['acknowledged']} of {r['needed']} needed acknowledged within "

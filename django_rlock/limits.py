@@ -211,7 +211,7 @@ class LimitSpec(LockSpec):
 
         client, prefix, _ = self.where()
         sem = PermitExpirableSemaphore(client, name, prefix, watchdog_timeout=self._watchdog(),
-                                       idle_expiry=self.idle_expiry)
+                                       idle_expiry=self.idle_expiry, label=self.label)
         return PermitCall(sem, self.permits, client)
 
     def async_lock(self, name: str) -> AsyncPermitCall:
@@ -221,7 +221,8 @@ class LimitSpec(LockSpec):
         aclient, sync, engine_sync = async_clients(client)
         sem = AsyncPermitExpirableSemaphore(aclient, name, prefix,
                                             watchdog_timeout=self._watchdog(),
-                                            sync_client=engine_sync, idle_expiry=self.idle_expiry)
+                                            sync_client=engine_sync, idle_expiry=self.idle_expiry,
+                                            label=self.label)
         return AsyncPermitCall(sem, self.permits, sync, aclient)
 
     def busy_status(self) -> int:

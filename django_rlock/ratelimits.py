@@ -19,6 +19,13 @@ full again by then), so per-user names do not pile up. A name that already has a
 (the decorator's rate changed in a deploy, or someone's ``set_rate``) keeps it, with a
 warning once per decorator: old and new code run side by side during a deploy, and two rates
 fighting over one key would limit nothing. Change it with ``get_rate_limiter(name).set_rate``.
+
+A stored rate below the decorator's ``permits`` (an operator lowered it) can never grant one
+call: the engine refuses such an attempt (``RateLimiterError``). A decorated call takes that
+as a spent budget, not an error: the operator asked for fewer calls, so none of this
+decorator's get through (a view's 429 with ``Retry-After`` = the interval, a task's skip or
+retry with that countdown, a function's ``RateLimited``) until the rate is raised to
+``permits`` or more, and one ERROR per decorator names the ``set_rate`` call that would.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from .decorators import LockSpec, decorator
-from .engine.ratelimit import Grant, RateLimited, RateLimiter, parse_rate
+from .engine.ratelimit import REFUSED, Grant, RateLimited, RateLimiter, RateLimiterError, parse_rate
 
 logger = logging.getLogger("django_rlock")
 
@@ -55,7 +62,11 @@ class RateCall:
         return self._client
 
     def try_lock(self, wait_time: float = 0.0, lease_time: float | None = None) -> bool:
-        self.grant = self._limiter.attempt(self._spec.permits, wait_time)
+        try:
+            self.grant = self._limiter.attempt(self._spec.permits, wait_time)
+        except RateLimiterError as exc:
+            self.grant = self._spec.below_permits(exc, self._limiter.get_rate(), self.name)
+            return False
         self._spec.check_rate(self._limiter)
         return self.grant.granted
 
@@ -78,7 +89,11 @@ class AsyncRateCall(RateCall):
 
     async def try_lock(self, wait_time: float = 0.0,  # type: ignore[override]
                        lease_time: float | None = None) -> bool:
-        self.grant = await self._limiter.attempt(self._spec.permits, wait_time)
+        try:
+            self.grant = await self._limiter.attempt(self._spec.permits, wait_time)
+        except RateLimiterError as exc:
+            self.grant = self._spec.below_permits(exc, await self._limiter.get_rate(), self.name)
+            return False
         self._spec.check_rate(self._limiter)
         return self.grant.granted
 
@@ -113,6 +128,7 @@ class RateSpec(LockSpec):
         self.permits = permits
         self.rate_text = f"{self.rate} per {self.interval:g} s"
         self._warned = False
+        self._below = False
         super().__init__(template, wait, None, on_busy, cache, client, prefix, status, False,
                          until_commit=False)
         self.hold_times = None  # Retry-After is the limiter's own exact wait
@@ -148,6 +164,24 @@ class RateSpec(LockSpec):
             "@rate_limited(%r); it keeps its own (change it with get_rate_limiter(%r)"
             ".set_rate(%d, %g))", limiter.name, seen[0], seen[1], self.rate_text, self.label,
             limiter.name, self.rate, self.interval)
+
+    def below_permits(self, exc: RateLimiterError, stored: tuple[int, float] | None,
+                      name: str) -> Grant:
+        """The engine refused an attempt: if the stored rate is below ``permits`` (lowered by
+        ``set_rate``), a spent budget for a whole interval, with one ERROR per decorator (see
+        the module); any other refusal (no rate, a ``PER_CLIENT`` limiter) is raised."""
+        if stored is None or stored[0] >= self.permits:
+            raise exc
+        rate, interval = stored
+        if not self._below:
+            self._below = True
+            logger.error(
+                "django-rlock: rate limiter %r has a rate of %d per %g s, below the %d permits "
+                "one call of @rate_limited(%r) costs: every call is turned away as over budget "
+                "until the rate is raised (get_rate_limiter(%r).set_rate(%d, %g) restores the "
+                "decorator's; any rate of %d or more serves it)", name, rate, interval,
+                self.permits, self.label, name, self.rate, self.interval, self.permits)
+        return Grant(False, None, interval, 0, REFUSED)
 
     def busy_status(self) -> int:
         return 429 if self.status is None else self.status

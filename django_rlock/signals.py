@@ -4,12 +4,14 @@ Every signal is sent with ``sender=None`` and at least ``name``, ``key`` and ``l
 template or the lock's ``label=``: bounded, unlike names). The other arguments are the
 engine event's (see ``django_rlock.engine.events``):
 
-- ``lock_acquired``: ``owner``, ``wait``, ``lease``.
+- ``lock_acquired``: ``owner``, ``wait``, ``lease``. Also a renewed permit taken (every
+  ``@limited`` call's: ``owner`` is the permit id, ``label`` the template), and its
+  ``lock_released`` / ``lock_lost`` as a lock's.
 - ``lock_released``: ``owner``, ``held``, ``reason`` (``"unlock"`` or ``"owner ended"``).
 - ``lock_lost``: ``owner``, ``held``, ``how``, ``reason`` (``"max_hold"``, ``"expired"``, ...).
 - ``lock_held_long``: ``owner``, ``held``, ``threshold``: held longer than ``warn_held_after``
   (once per hold).
-- ``lock_busy``: ``ttl``: a ``@locked`` call turned away.
+- ``lock_busy``: ``ttl``: a ``@locked`` / ``@limited`` / ``@rate_limited`` call turned away.
 - ``lock_backend_unavailable``: ``backend``, ``error``, ``first``: a ``@locked`` /
   ``@limited`` / ``@rate_limited`` call turned away (a view's 503, a task's retry) because its
   Redis did not answer; ``first`` is True for the first such call of an outage (the one the

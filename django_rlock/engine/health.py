@@ -2,13 +2,22 @@
 
 ``status(client)`` answers the first from what the process already keeps (the watchdog's
 holds and thread, each server's subscription) plus one probe connection per server (PING,
-INFO, and a ``WAIT`` where replica sync is on); ``findings(client)`` the second, from the
+INFO, a write, and a ``WAIT`` where replica sync is on); ``findings(client)`` the second, from the
 server's settings (``CONFIG GET``), each finding with its fix. Both return plain dicts (JSON
 as they are) and never raise for a server that is down: that is a finding too.
 
 The probe connection is a one-off made from the client's own connection class and settings
 (same server, credentials, Sentinel lookup), with short timeouts and no retries: a hung server
 costs a health check ``PROBE_TIMEOUT`` at most, and the pool the locks use is left alone.
+
+The write: every lock call is a script that writes, and a server can answer PING and INFO
+while it holds or refuses writes (``CLIENT PAUSE ... WRITE`` during a failover or an upgrade;
+a replica: ``READONLY``; ``min-replicas-to-write`` unmet: ``NOREPLICAS``), when every lock
+call hangs or fails. So each probe sends ``PEXPIRE`` of a key that does not exist (under the
+locks' prefix, on a slot the server owns): a write command, so held by a write pause and
+refused where writes are (Redis 6.2, 7.0, Valkey 8 alike), that changes nothing, leaves
+nothing behind and is not replicated. (``EVAL "return 1" 0`` would not do: a replica and
+``NOREPLICAS`` let a script run until it writes.)
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
+from redis.crc import key_slot
 from redis.retry import Retry
 
 from . import replicas
@@ -34,6 +44,9 @@ RENEWAL_GRACE = 0.5
 #: The channel a replica probe publishes to (PUBLISH is replicated, so WAIT then measures the
 #: replicas' acknowledgement without writing a key); nobody subscribes to it.
 PROBE_CHANNEL = "rlock:health"
+#: The key the write probe expires (under the locks' prefix): nobody writes it, so the PEXPIRE
+#: finds nothing. On a cluster node a hash tag puts it on a slot of that node.
+PROBE_KEY = "rlock-health-probe"
 
 
 def servers(client: Any) -> list[Any]:
@@ -66,6 +79,40 @@ def probe(client: Any) -> redis.Redis:
 
 def error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
+
+
+def write_refused(c: redis.Redis, info: dict[str, Any], prefix: str = "") -> str | None:
+    """None if the server takes a write now; else why not (the exception: a timeout where
+    writes are held, ``READONLY``, ``NOREPLICAS``...). See the module: a ``PEXPIRE`` that
+    changes nothing, on a slot of this server."""
+    key = f"{prefix}{PROBE_KEY}"
+    try:
+        if info.get("cluster_enabled") in (1, "1"):
+            key = _on_own_slot(c, key)
+        c.execute_command("PEXPIRE", key, 1)
+    except redis.RedisError as exc:
+        return error_text(exc)
+    return None
+
+
+def _on_own_slot(c: redis.Redis, key: str) -> str:
+    """``key`` with a hash tag whose slot this cluster node serves (else MOVED, which says
+    nothing about writes)."""
+    nodes = c.execute_command("CLUSTER", "NODES")
+    text = nodes.decode() if isinstance(nodes, bytes) else str(nodes)
+    own: list[tuple[int, int]] = []
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) > 8 and "myself" in fields[2].split(","):
+            for r in fields[8:]:
+                if not r.startswith("["):  # "[slot->-node]": a slot being migrated
+                    lo, _, hi = r.partition("-")
+                    own.append((int(lo), int(hi or lo)))
+    for i in range(100_000):  # a node owning n of 16384 slots: about 16384 / n tries
+        tagged = f"{key}:{{{i}}}"
+        if any(lo <= key_slot(tagged.encode()) <= hi for lo, hi in own):
+            return tagged
+    return key  # no slot here: the PEXPIRE's MOVED is reported
 
 
 # -- the process ------------------------------------------------------------------------------
@@ -122,9 +169,10 @@ def pubsub_status(client: Any) -> dict[str, Any]:
 
 # -- a server ---------------------------------------------------------------------------------
 def server_status(client: Any, sync_replicas: int | str | None = "auto",
-                  sync_timeout: float = 1.0) -> dict[str, Any]:
-    """Reachable (PING), its version and role; where replica sync is on and the master has
-    replicas, whether they acknowledge a write within ``sync_timeout``."""
+                  sync_timeout: float = 1.0, prefix: str = "") -> dict[str, Any]:
+    """Reachable (PING), its version and role; whether it takes a write now (``writes``: see
+    the module); where replica sync is on and the master has replicas, whether they
+    acknowledge a write within ``sync_timeout``."""
     out: dict[str, Any] = {"server": address(client), "ok": False, "reachable": False}
     c = probe(client)
     try:
@@ -135,6 +183,10 @@ def server_status(client: Any, sync_replicas: int | str | None = "auto",
         info = c.info()
         out["version"] = str(info.get("redis_version", "?"))
         out["role"] = str(info.get("role", "?"))
+        refused = write_refused(c, info, prefix)
+        out["writes"] = {"ok": True} if refused is None else {"ok": False, "error": refused}
+        if refused is not None:
+            return out  # held or refused: a replica probe would only wait as well
         out["replicas"] = _replicas(c, info, sync_replicas, sync_timeout)
         out["ok"] = out["replicas"]["ok"]
     except redis.RedisError as exc:
@@ -161,13 +213,13 @@ def _replicas(c: redis.Redis, info: dict[str, Any], sync_replicas: int | str | N
 
 # -- all of it --------------------------------------------------------------------------------
 def status(client: Any, *, sync_replicas: int | str | None = "auto",
-           sync_timeout: float = 1.0) -> dict[str, Any]:
+           sync_timeout: float = 1.0, prefix: str = "") -> dict[str, Any]:
     """The health of locks on ``client`` in this process: ``ok``, the ``problems`` (one
     sentence each, no addresses), and the parts: ``redis`` and ``pubsub`` (one entry per
     server), ``watchdog`` and ``holds`` (the holds on those servers; the thread is the
-    process's)."""
+    process's). ``prefix``: the locks' key prefix (the write probe's key is under it)."""
     nodes = servers(client)
-    redis_part = [server_status(n, sync_replicas, sync_timeout) for n in nodes]
+    redis_part = [server_status(n, sync_replicas, sync_timeout, prefix) for n in nodes]
     pubsub = [pubsub_status(n) for n in nodes]
     on = {server_id(n) for n in nodes}
     wd = watchdog_status(on)
@@ -177,11 +229,18 @@ def status(client: Any, *, sync_replicas: int | str | None = "auto",
         if not s["reachable"]:
             kind = str(s.get("error", "?")).split(":", 1)[0]  # the type: no address
             problems.append(f"Redis is unreachable ({kind})")
-        elif not s["replicas"]["ok"]:
+        elif "writes" in s and not s["writes"]["ok"]:
+            kind = str(s["writes"].get("error", "?")).split(":", 1)[0]
+            problems.append(f"Redis holds or refuses writes ({kind}): every lock call waits "
+                            f"or fails until it takes them again")
+        elif "replicas" in s and not s["replicas"]["ok"]:
             r = s["replicas"]
             problems.append(f"{r['acknowledged']} of {r['needed']} replica(s) needed "
                             f"acknowledged a write within {r['timeout_s']:g} s (SYNC_TIMEOUT): "
                             f"acquires fail with LockNotSyncedError")
+        elif not s["ok"]:
+            kind = str(s.get("error", "?")).split(":", 1)[0]
+            problems.append(f"Redis answered PING but not the probe that followed ({kind})")
     if any(not p["ok"] for p in pubsub):
         problems.append("the pub/sub connection is down: waiters wake on the holder's TTL only "
                         "until it reconnects")

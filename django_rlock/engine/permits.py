@@ -6,18 +6,26 @@ in ms, server time), on the semaphore's channel. Every script that changes it fi
 expired ids (drops them, counts them back, publishes). A permit taken without a lease is
 renewed by the process's watchdog until released, so a crashed holder's permit comes back
 within ``watchdog_timeout`` (unlike Redisson's plain semaphore).
+
+A renewed permit is a hold like a lock's, and tells the lock events so (``engine.events``):
+``acquired`` when it is taken and ``released`` when it is given back, with the permit id as
+the owner and the semaphore's ``label`` (``@limited``'s template), so metrics count its
+acquisitions and hold times as a lock's, and a permit found gone (``lost``, from the watchdog)
+carries the label too. With no listener each costs one truth test. (A permit with a lease is
+not the watchdog's: it sends none, as nothing would say when it ends.)
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import os
 import time
 from typing import Any
 
-from . import waiters, windows
+from . import events, waiters, windows
 from .errors import LockNotOwnedError
 from .kinds import Kind, declare
 from .lock import check_seconds
@@ -59,8 +67,14 @@ class _PermitsBase(Named):
 
     def __init__(self, client: Any, name: str, prefix: str = "", watchdog_timeout: float = 30.0,
                  *, aio: bool = False, sync_client: Any = None, max_hold: float | None = None,
-                 warn_held_after: float | None = None, idle_expiry: float | None = None) -> None:
+                 warn_held_after: float | None = None, idle_expiry: float | None = None,
+                 label: str | None = None) -> None:
         super().__init__(client, name, prefix, aio=aio, sync_client=sync_client)
+        if label is not None and not isinstance(label, str):
+            raise TypeError(f"label must be a str or None, not {type(label).__name__} "
+                            f"(semaphore {name!r})")
+        #: What the lock events say as ``label`` (a bounded set, fit for metric labels).
+        self.label = label
         wt = check_seconds(watchdog_timeout, "watchdog_timeout", name, zero_ok=False)
         #: ``idle_expiry`` seconds: the semaphore expires that long after a release leaves no
         #: permit taken, and a permit taken makes it persistent again (``@limited``'s per-user
@@ -123,7 +137,7 @@ class _PermitsBase(Named):
         self._fresh()  # renewed where the slot is now (a redirected acquire)
         watchdog().acquired(
             self._hold_key(permit_id), self._sync_client, self.name, self._watchdog_ms, True,
-            self.watchdog_timeout, None, scripts_keys=self._keys,
+            self.watchdog_timeout, None, label=self.label, scripts_keys=self._keys,
             kind=HoldKind(PES_RENEW_SCRIPT, self.timeout_key, PES_RELEASE_SCRIPT,
                           (permit_id, *self._release_extra)),
             since=sent, max_hold=self.max_hold, warn_after=self.warn_held_after)
@@ -146,6 +160,34 @@ class _PermitsBase(Named):
 
     def _unrenewed(self, permit_id: str) -> None:
         watchdog().forget(self._hold_key(permit_id))
+
+    def _wait(self, since: float | None = None) -> Any:
+        """The shared wait, with the label (its ``wait_started`` / ``wait_ended``: the
+        ``waiting`` gauge by template)."""
+        w = super()._wait(since)
+        return w if self.label is None else dataclasses.replace(w, label=self.label)
+
+    def _taken(self, permit_id: str | None, t0: float, renewed: bool) -> str | None:
+        """A permit was taken (or not: None): the ``acquired`` event of a renewed one."""
+        if permit_id is not None and renewed and events.listeners:
+            events.emit("acquired", name=self.name, key=self.key, label=self.label,
+                        owner=permit_id, kind=type(self).__name__,
+                        wait=time.monotonic() - t0, lease=None)
+        return permit_id
+
+    def _releasing(self, permit_id: str) -> float | None:
+        """Before a release: since when the permit has been the watchdog's (None: it is not,
+        or nobody listens), for the ``released`` event; and no longer renewed."""
+        k = self._hold_key(permit_id)
+        hold = watchdog().get(k) if events.listeners else None
+        watchdog().forget(k)
+        return None if hold is None or not hold.renew else hold.since
+
+    def _released(self, permit_id: str, since: float | None, done: bool) -> bool:
+        if done and since is not None and events.listeners:
+            events.emit("released", name=self.name, key=self.key, label=self.label,
+                        owner=permit_id, held=time.monotonic() - since, reason="unlock")
+        return done
 
     def _ttl_of(self, reply: Any) -> int | None:
         return None if reply is None else self._bound(int(reply))
@@ -171,9 +213,10 @@ class PermitExpirableSemaphore(_PermitsBase):
 
     def __init__(self, client: Any, name: str, prefix: str = "",
                  watchdog_timeout: float = 30.0, *, max_hold: float | None = None,
-                 warn_held_after: float | None = None, idle_expiry: float | None = None) -> None:
+                 warn_held_after: float | None = None, idle_expiry: float | None = None,
+                 label: str | None = None) -> None:
         super().__init__(client, name, prefix, watchdog_timeout, max_hold=max_hold,
-                         warn_held_after=warn_held_after, idle_expiry=idle_expiry)
+                         warn_held_after=warn_held_after, idle_expiry=idle_expiry, label=label)
 
     def try_set_permits(self, permits: int) -> bool:
         """Set the count if the semaphore has none yet; True if it was set."""
@@ -197,6 +240,7 @@ class PermitExpirableSemaphore(_PermitsBase):
     def _take(self, budget: float | None, lease_ms: int | None) -> str | None:
         permit_id = new_permit_id()
         ms = self._watchdog_ms if lease_ms is None else lease_ms
+        t0 = time.monotonic()
 
         def attempt(note: waiters.Note | None = None) -> int | None:
             sent = time.monotonic()
@@ -207,7 +251,8 @@ class PermitExpirableSemaphore(_PermitsBase):
                     self._client, PES_RENEW_SCRIPT, (self.timeout_key,), (permit_id, ms)))
             return ttl
 
-        return permit_id if self._waits(attempt, budget) else None
+        return self._taken(permit_id if self._waits(attempt, budget) else None, t0,
+                           lease_ms is None)
 
     def release(self, permit_id: str) -> None:
         """Give the permit back. Raises ``LockNotOwnedError`` (a ``LockError``) if it was
@@ -218,9 +263,9 @@ class PermitExpirableSemaphore(_PermitsBase):
     def try_release(self, permit_id: str) -> bool:
         """Give the permit back; False if it was released already, expired or never existed."""
         pid = self._permit(permit_id)
-        self._unrenewed(pid)  # in doubt (an error), it expires within the watchdog timeout
-        return bool(call_once(self._client, PES_RELEASE_SCRIPT, self._keys,
-                              (pid, *self._release_extra)))
+        since = self._releasing(pid)  # in doubt (an error), it expires within the watchdog timeout
+        return self._released(pid, since, bool(call_once(
+            self._client, PES_RELEASE_SCRIPT, self._keys, (pid, *self._release_extra))))
 
     def update_lease_time(self, permit_id: str, lease_time: float) -> bool:
         """Make the permit expire ``lease_time`` seconds from now (no longer renewed by the
@@ -257,10 +302,11 @@ class AsyncPermitExpirableSemaphore(_PermitsBase):
 
     def __init__(self, client: Any, name: str, prefix: str = "", watchdog_timeout: float = 30.0,
                  *, sync_client: Any = None, max_hold: float | None = None,
-                 warn_held_after: float | None = None, idle_expiry: float | None = None) -> None:
+                 warn_held_after: float | None = None, idle_expiry: float | None = None,
+                 label: str | None = None) -> None:
         super().__init__(client, name, prefix, watchdog_timeout, aio=True,
                          sync_client=sync_client, max_hold=max_hold,
-                         warn_held_after=warn_held_after, idle_expiry=idle_expiry)
+                         warn_held_after=warn_held_after, idle_expiry=idle_expiry, label=label)
 
     async def try_set_permits(self, permits: int) -> bool:
         n = self._count(permits)
@@ -281,6 +327,7 @@ class AsyncPermitExpirableSemaphore(_PermitsBase):
     async def _take(self, budget: float | None, lease_ms: int | None) -> str | None:
         permit_id = new_permit_id()
         ms = self._watchdog_ms if lease_ms is None else lease_ms
+        t0 = time.monotonic()
 
         async def send(note: waiters.Note | None = None) -> int | None:
             return self._ttl_of(await acall_once(self._client,
@@ -299,7 +346,8 @@ class AsyncPermitExpirableSemaphore(_PermitsBase):
                     self._client, PES_RENEW_SCRIPT, (self.timeout_key,), (permit_id, ms)))
             return ttl
 
-        return permit_id if await self._awaits(attempt, budget) else None
+        return self._taken(permit_id if await self._awaits(attempt, budget) else None, t0,
+                           lease_ms is None)
 
     async def release(self, permit_id: str) -> None:
         if not await self.try_release(permit_id):
@@ -307,9 +355,9 @@ class AsyncPermitExpirableSemaphore(_PermitsBase):
 
     async def try_release(self, permit_id: str) -> bool:
         pid = self._permit(permit_id)
-        self._unrenewed(pid)
-        return bool(await asyncio.shield(acall_once(self._client, PES_RELEASE_SCRIPT,
-                                                    self._keys, (pid, *self._release_extra))))
+        since = self._releasing(pid)
+        return self._released(pid, since, bool(await asyncio.shield(acall_once(
+            self._client, PES_RELEASE_SCRIPT, self._keys, (pid, *self._release_extra)))))
 
     async def update_lease_time(self, permit_id: str, lease_time: float) -> bool:
         pid = self._permit(permit_id)

@@ -1,5 +1,6 @@
 """The watchdog's schedule: holds by due time, each server's queue of holds to renew, the
-scripts a batch sends, and the warning that renewals run late.
+scripts a batch sends; the warning that renewals run late is ``lateness``'s (``Lateness``,
+named here for the watchdog), fed the sweep's own late wake-ups.
 
 ``Timeline``: holds in buckets of ``GRAIN`` s (a renewal at most that much early) under a
 heap of bucket times; scheduling is a dict lookup and an append, a sweep pops whole buckets,
@@ -23,6 +24,7 @@ from typing import Any
 
 from redis.crc import key_slot
 
+from .lateness import Lateness, stalls
 from .lua import Script, source
 from .scripts import RENEW_SCRIPT
 
@@ -46,9 +48,6 @@ TAKE_LIMIT = 1000
 
 #: Due times are rounded down to this (seconds): holds due within one grain share a bucket.
 GRAIN = 0.01
-
-#: At most one lateness WARNING per this many seconds (with the counts since the last one).
-WARN_EVERY = 10.0
 
 
 class _Bucket:
@@ -124,43 +123,6 @@ class Timeline:
         """Whether entries of released or rescheduled items outnumber the live ones enough
         to be worth a rebuild (linear in the live ones, so amortised over the stale)."""
         return self.entries > 2 * live + 10_000
-
-
-class Lateness:
-    """Counts renewals sent late and says so, at most every ``WARN_EVERY`` seconds."""
-
-    def __init__(self) -> None:
-        self.late = 0          # since the last warning
-        self.expired = 0       # of which sent after their last confirmed lease had ended
-        self.worst = math.inf  # the least lease left at a send (negative: past its end)
-        self.total = 0         # since start (read by tests and the benchmark)
-        self._warned = -math.inf
-        self._since = 0.0      # the first late renewal since the last warning
-
-    def note(self, late: int, expired: int, worst_left: float, holds: int, queued: int,
-             server: Any) -> None:
-        """``late`` renewals were just sent with less than a sixth of their lease left
-        (``expired`` of them after it); ``holds`` registered, ``queued`` still waiting."""
-        now = time.monotonic()
-        if not self.late:
-            self._since = now
-        self.late += late
-        self.expired += expired
-        self.total += late
-        self.worst = min(self.worst, worst_left)
-        if now - self._warned < WARN_EVERY:
-            return
-        self._warned = now
-        logger.warning(
-            "django-rlock: %d lock renewal(s) went out late in the last %.1f s: less than a sixth "
-            "of their lease left, %d after it had run out (the worst %.2f s %s its end); this "
-            "process holds %d lock(s) and %d renewal(s) are queued for %s. It holds more "
-            "than it can renew in time: locks may be lost (raise watchdog_timeout, or spread "
-            "the holds over processes or servers)",
-            self.late, now - self._since, self.expired,
-            abs(self.worst), "before" if self.worst >= 0 else "past", holds, queued, server)
-        self.late = self.expired = 0
-        self.worst = math.inf
 
 
 class Queues:
@@ -364,6 +326,7 @@ class Scheduler:
                     self._wake_at = next_at
                     self._cond.wait(None if next_at == float("inf") else max(0.0, next_at - now))
                     self._wake_at = 0.0
+                    stalls.woke(max(next_at, now), time.monotonic())  # late: it did not run
                     continue
             for server in start:
                 run_on(self._pool, self._drain, server)  # type: ignore[arg-type]
@@ -498,3 +461,7 @@ class Scheduler:
             if not done:
                 with self._cond:
                     self._queues.abandon(server)
+
+
+__all__ = ["GRAIN", "PIPELINE_HOLDS", "RENEW_BATCH", "RENEW_MANY_SCRIPT", "TAKE_LIMIT", "Lateness",
+           "Queues", "Scheduler", "Timeline", "renew_calls", "results", "run_on"]

@@ -34,3 +34,10 @@ def rate_skip(self, key: str) -> str:
 def rate_default(key: str) -> str:
     record("ran", key, time.time())
     return "ran"
+
+
+@app.task(bind=True)
+@rate_limited("rb:{key}", rate="10/m", permits=3)
+def rate_bulk(self, key: str) -> str:
+    record("ran", key, time.time())
+    return "ran"

@@ -35,3 +35,19 @@ def test_over_budget_task_is_skipped(locks, log):
     # An unbound task without on_busy: skipped too (@locked's default for tasks), logged.
     assert [rate_default.delay("d").get(timeout=30) for _ in range(2)] == ["ran", None]
     assert len(entries(log, "ran", "d")) == 1
+
+
+def test_a_rate_lowered_below_the_permits_skips_the_task_instead_of_failing_it(locks, log):
+    """An operator's set_rate below the task's permits: the task is skipped as over budget
+    (not failed with RateLimiterError), until the rate is raised again."""
+    from django_rlock.engine.ratelimit import RateLimiter
+    from tests.celery.rate_tasks import rate_bulk
+
+    assert rate_bulk.delay("b").get(timeout=30) == "ran"
+    limiter = RateLimiter(locks, "ct:rlock:rb:b")
+    limiter.set_rate(2, 60)
+    result = rate_bulk.delay("b")
+    assert result.get(timeout=30) is None and result.state == "SUCCESS"
+    assert len(entries(log, "ran", "b")) == 1
+    limiter.set_rate(10, 60)
+    assert rate_bulk.delay("b").get(timeout=30) == "ran"

@@ -257,3 +257,25 @@ def test_a_script_whose_keys_span_two_slots_is_refused(cluster: ClusterTopology)
             c.eval("redis.call('hset', KEYS[1], 'o', 1); redis.call('hset', KEYS[2], KEYS[1], 1)",
                    2, key, index)
         assert not c.exists(key)
+
+
+def test_the_health_write_probe_lands_on_each_master_s_own_slots(cluster: ClusterTopology):
+    """``engine.health``'s PEXPIRE carries a hash tag of a slot the master serves (else MOVED
+    would be read as writes refused); one master holding writes is reported, the others not."""
+    from django_rlock.engine import health
+
+    client = cluster.client()
+    found = health.status(client, prefix="hw:")
+    assert found["ok"] and len(found["redis"]) == 3, found
+    assert all(s["writes"] == {"ok": True} for s in found["redis"])
+    master = cluster.masters()[0]
+    admin = cluster.node_client(master)
+    admin.execute_command("CLIENT", "PAUSE", 4000, "WRITE")
+    try:
+        paused = health.status(client, prefix="hw:")
+    finally:
+        admin.execute_command("CLIENT", "UNPAUSE")
+        admin.close()
+    assert [s["writes"]["ok"] for s in paused["redis"]].count(False) == 1, paused
+    assert paused["problems"][0].startswith("Redis holds or refuses writes (TimeoutError)")
+    client.close()

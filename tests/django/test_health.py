@@ -100,6 +100,27 @@ def test_an_unreachable_server_is_reported_not_raised(on_own, own_server):
     assert health.status()["ok"]
 
 
+def test_writes_held_make_status_and_doctor_fail_while_holding_nothing(on_own):
+    """CLIENT PAUSE ... WRITE: PING and INFO answer while every lock call hangs. The process
+    holds nothing, yet the status is unhealthy and doctor exits 1 (the write probe), within
+    the probe's timeout; both recover once writes resume."""
+    assert health.status()["ok"] and health.status()["holds"]["held"] == 0
+    on_own.execute_command("CLIENT", "PAUSE", 10000, "WRITE")
+    try:
+        paused = health.status()
+        assert not paused["ok"] and paused["redis"][0]["reachable"], paused
+        assert paused["problems"] == ["Redis holds or refuses writes (TimeoutError): every lock "
+                                      "call waits or fails until it takes them again"]
+        code, out = doctor("--format", "json")
+        report = json.loads(out)
+        assert code == 1 and not report["ok"] and report["problems"] == paused["problems"]
+        code, out = doctor()
+        assert code == 1 and "FAIL writes    HELD OR REFUSED: TimeoutError" in out, out
+    finally:
+        on_own.execute_command("CLIENT", "UNPAUSE")
+    assert health.status()["ok"] and doctor()[0] == 0
+
+
 def _start_subscription(holders: Callable[[], Any]) -> Any:
     """A lock held on a live thread and one wait for it: the process subscribes."""
     lock = get_lock("hc:sub")

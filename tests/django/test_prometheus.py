@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from django.apps import apps
 
-from django_rlock import get_lock, locked
+from django_rlock import LockBusy, get_lock, limited, locked
 from django_rlock.checks import check_settings
 from django_rlock.engine import events
 
@@ -52,6 +53,62 @@ def test_the_setting_installs_the_exporter_and_locked_counts_by_template(install
     names = {s.labels.get("lock") for m in prometheus_client.REGISTRY.collect()
              if m.name.startswith("django_rlock_") for s in m.samples}
     assert not any(n and n.startswith("report:") and n != "report:{pk}" for n in names)
+
+
+def test_limited_permits_count_as_acquisitions_by_template(installed_by_setting):
+    """@limited: each permit taken counts as an acquisition with its hold time, under the
+    template, beside the busy calls (a busy ratio is busy / (busy + acquisitions)); sync and
+    async alike, and none stays counted as held."""
+    t = "export:{u}"
+    metrics = ("acquisitions_total", "busy_total", "held_seconds_count", "wait_seconds_count")
+    before = {m: value(f"django_rlock_{m}", lock=t) for m in metrics}
+
+    @limited(t, permits=1, on_busy="raise")
+    def export(u: int, inner: bool = False) -> int:
+        if inner:
+            with pytest.raises(LockBusy):
+                export(u)
+        return u
+
+    @limited(t, permits=1, on_busy="raise")
+    async def aexport(u: int) -> int:
+        return u
+
+    import asyncio
+
+    assert [export(1), export(2), export(3, inner=True), asyncio.run(aexport(4))] == [1, 2, 3, 4]
+    after = {m: value(f"django_rlock_{m}", lock=t) - v for m, v in before.items()}
+    assert after == {"acquisitions_total": 4, "busy_total": 1, "held_seconds_count": 4,
+                     "wait_seconds_count": 4}
+    assert value("django_rlock_held", lock=t) == 0
+
+
+def test_a_limited_call_waiting_for_a_permit_counts_under_its_template(installed_by_setting):
+    import threading
+
+    t = "slot:{u}"
+    inside, go = threading.Event(), threading.Event()
+
+    @limited(t, permits=1, wait=10)
+    def slot(u: int) -> int:
+        inside.set()
+        go.wait(10)
+        return u
+
+    first = threading.Thread(target=slot, args=(1,))
+    first.start()
+    assert inside.wait(10)
+    inside.clear()
+    second = threading.Thread(target=slot, args=(1,))
+    second.start()
+    deadline = time.monotonic() + 10
+    while value("django_rlock_waiting", lock=t) < 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert value("django_rlock_waiting", lock=t) == 1 and value("django_rlock_held", lock=t) == 1
+    go.set()
+    first.join(10)
+    second.join(10)
+    assert value("django_rlock_waiting", lock=t) == 0 and value("django_rlock_held", lock=t) == 0
 
 
 def test_without_the_setting_nothing_is_installed(settings: Any):

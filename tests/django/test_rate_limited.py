@@ -193,6 +193,58 @@ def test_another_rate_stored_is_kept_with_one_warning(db1, caplog):
         call()
 
 
+@rate_limited("bulk-view", rate="10/m", permits=3)
+def bulk_view(request: HttpRequest) -> HttpResponse:
+    return HttpResponse("ok")
+
+
+@rate_limited("bulk-view", rate="10/m", permits=3)
+async def abulk_view(request: HttpRequest) -> HttpResponse:
+    return HttpResponse("ok")
+
+
+def test_a_rate_lowered_below_the_permits_turns_calls_away_as_over_budget(db1, caplog):
+    """An operator lowers the rate below what one call costs (get_rate_limiter().set_rate):
+    every call is answered as over budget for an interval (429, a task's skip or retry, a
+    function's RateLimited), never a 500; one ERROR per decorator names the fix; raising the
+    rate again serves the calls."""
+    from django.test import RequestFactory
+
+    @rate_limited("bulk-fn", rate="10/m", permits=3, wait=1)
+    def bulk_fn() -> str:
+        return "ran"
+
+    @rate_limited("bulk-fn", rate="10/m", permits=3, on_busy="skip")
+    def bulk_skip() -> str:
+        return "ran"
+
+    rf = RequestFactory()
+    assert bulk_view(rf.get("/")).status_code == 200 and bulk_fn() == "ran"
+    get_rate_limiter("bulk-view").set_rate(2, 30)
+    get_rate_limiter("bulk-fn").set_rate(2, 30)
+    import asyncio
+
+    with caplog.at_level(logging.WARNING, logger="django_rlock"):
+        for _ in range(2):
+            over = bulk_view(rf.get("/"))
+            assert over.status_code == 429 and over["Retry-After"] == "30", over.content
+            aover = asyncio.run(abulk_view(rf.get("/")))
+            assert aover.status_code == 429 and aover["Retry-After"] == "30"
+            with pytest.raises(RateLimited) as e:
+                bulk_fn()
+            assert e.value.retry_after == 30.0 and e.value.name == "bulk-fn"
+            assert bulk_skip() is None
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    # One per decorator (the sync and async views are two), each with the fix.
+    assert len(errors) == 4, [r.getMessage() for r in errors]
+    text = errors[0].getMessage()
+    assert "has a rate of 2 per 30 s, below the 3 permits" in text
+    assert "get_rate_limiter('bulk-view').set_rate(10, 60)" in text
+    assert not [r for r in caplog.records if "keeps its own" in r.getMessage()]
+    get_rate_limiter("bulk-view").set_rate(10, 60)  # the fix the ERROR names
+    assert bulk_view(rf.get("/")).status_code == 200
+
+
 def test_get_rate_limiter(db1):
     rl = get_rate_limiter("feed", rate="10/h")
     assert rl.key == KEY + "feed" and rl.get_rate() == (10, 3600.0)

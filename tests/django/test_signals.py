@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -10,7 +11,7 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 
-from django_rlock import get_lock, locked
+from django_rlock import get_lock, limited, locked
 from django_rlock.signals import (
     force_unlocked_by,
     lock_acquired,
@@ -56,6 +57,40 @@ def test_acquired_released_busy_with_name_key_and_label(received, hold):
     assert acquired["owner"] == released["owner"] and acquired["lease"] is None
     assert 0 <= acquired["wait"] < 1 and released["held"] >= 0 and released["reason"] == "unlock"
     assert 29 < busy["ttl"] <= 30
+
+
+def test_limited_permits_send_acquired_released_and_lost_with_the_template(received, db1):
+    """A @limited permit is a hold: acquired and released with the template as label and the
+    permit id as owner; force-unlocked while its call runs (``locks clear``), its lost signal
+    carries the template too (an alert by lock sees it)."""
+    import threading
+
+    @limited("lim:{n}", permits=1)
+    def job(n: int, started: threading.Event | None = None,
+            go: threading.Event | None = None) -> str:
+        if started is not None and go is not None:
+            started.set()
+            go.wait(10)
+        return "ran"
+
+    assert job(1) == "ran"
+    (a, acquired), (r, released) = received
+    assert (a, acquired["name"], acquired["label"]) == ("acquired", "lim:1", "lim:{n}")
+    assert (r, released["label"], released["reason"]) == ("released", "lim:{n}", "unlock")
+    assert acquired["owner"] == released["owner"] and len(acquired["owner"]) == 32
+    assert acquired["lease"] is None and released["held"] >= 0
+    received.clear()
+    started, go = threading.Event(), threading.Event()
+    t = threading.Thread(target=job, args=(2, started, go))
+    t.start()
+    assert started.wait(10)
+    call_command("locks", "clear", "lim:2", "--no-input", stdout=io.StringIO())
+    go.set()
+    t.join(10)
+    lost = [d for e, d in received if e == "lost"]
+    assert [(d["name"], d["label"], d["reason"]) for d in lost] == [
+        ("lim:2", "lim:{n}", "force_unlocked")]
+    assert [e for e, _ in received if e == "released"] == []  # lost, not released
 
 
 def test_force_unlocked_names_the_user_or_none(received, hold, db1):

@@ -358,3 +358,45 @@ def test_a_cancelled_async_acquire_never_loses_a_permit(ar, r):
         await ar.aclose()
 
     asyncio.run(main())
+
+
+def test_renewed_permits_send_acquired_and_released_with_their_label(r, ar):
+    """A renewed permit is a hold for the lock events (metrics, signals): ``acquired`` and
+    ``released`` with the label and the permit id as owner, sync and asyncio; a leased one
+    (not the watchdog's) sends none; a bad label is refused before any command."""
+    from django_rlock.engine import events
+
+    got: list[tuple[str, dict]] = []
+
+    def listen(event: str, data: dict) -> None:
+        if data["name"] == "ev":
+            got.append((event, data))
+
+    with pytest.raises(TypeError, match="label"):
+        PermitExpirableSemaphore(r, "ev", label=3)  # type: ignore[arg-type]
+    sem = PermitExpirableSemaphore(r, "ev", label="ev:{x}")
+    sem.try_set_permits(2)
+    events.add_listener(listen)
+    try:
+        pid = sem.acquire()
+        sem.release(pid)
+        leased = sem.acquire(lease_time=5)
+        sem.release(leased)
+
+        async def run() -> None:
+            asem = AsyncPermitExpirableSemaphore(ar, "ev", label="ev:{x}", sync_client=r)
+            apid = await asem.try_acquire(1)
+            assert apid is not None
+            await asem.release(apid)
+
+        asyncio.run(run())
+    finally:
+        events.remove_listener(listen)
+    assert [(e, d["owner"], d["label"], d["kind"] if e == "acquired" else d["reason"])
+            for e, d in got][:2] == [("acquired", pid, "ev:{x}", "PermitExpirableSemaphore"),
+                                      ("released", pid, "ev:{x}", "unlock")]
+    assert [(e, d["kind"] if e == "acquired" else d["reason"]) for e, d in got[2:]] == [
+        ("acquired", "AsyncPermitExpirableSemaphore"), ("released", "unlock")]
+    assert got[2][1]["owner"] == got[3][1]["owner"] != pid
+    assert all(d["lease"] is None and d["wait"] >= 0 for e, d in got if e == "acquired")
+    assert all(d["held"] >= 0 for e, d in got if e == "released")
