@@ -3,7 +3,14 @@
 from .aio import AsyncRLock
 from .aioleader import AsyncLeader
 from .aioratelimit import AsyncRateLimiter
-from .errors import LockBusy, LockError, LockNotOwnedError, LockNotSyncedError, LockReentryError
+from .errors import (
+    LockBusy,
+    LockError,
+    LockNotOwnedError,
+    LockNotSyncedError,
+    LockReentryError,
+    LockUpgradeError,
+)
 from .fair import AsyncFairLock, FairLock
 from .fenced import AsyncFencedLock, FencedLock
 from .latch import AsyncCountDownLatch, CountDownLatch
@@ -32,6 +39,7 @@ __all__ = ["AsyncCountDownLatch", "AsyncFairLock", "AsyncFencedLock", "AsyncLead
            "AsyncRateLimiter", "AsyncReadWriteLock", "AsyncRedLock", "AsyncRLock", "AsyncSemaphore",
            "AsyncWriteLock", "CountDownLatch", "FairLock", "FencedLock", "Leader", "LeaderInfo",
            "LockBusy", "LockError", "LockNotOwnedError", "LockNotSyncedError", "LockReentryError",
+           "LockUpgradeError",
            "MultiLock", "MultiLockError", "NonReentrantLock", "PermitExpirableSemaphore",
            "RateLimited", "RateLimiter", "RateLimiterError", "ReadLock",
            "ReadWriteLock", "RedLock", "RLock", "Semaphore", "WriteLock"]
