@@ -2,6 +2,7 @@
 
 from .aio import AsyncRLock
 from .aioleader import AsyncLeader
+from .aiomulti import AsyncMultiLock, AsyncRedLock
 from .aioratelimit import AsyncRateLimiter
 from .errors import (
     LockBusy,
@@ -16,7 +17,7 @@ from .fenced import AsyncFencedLock, FencedLock
 from .latch import AsyncCountDownLatch, CountDownLatch
 from .leader import Leader, LeaderInfo
 from .lock import RLock
-from .multi import AsyncMultiLock, AsyncRedLock, MultiLock, MultiLockError, RedLock
+from .multi import MultiLock, MultiLockError, RedLock
 from .nonreentrant import AsyncNonReentrantLock, NonReentrantLock
 from .ratelimit import RateLimited, RateLimiter, RateLimiterError
 from .rwlock import (
