@@ -2,14 +2,22 @@
 
 from .aio import AsyncRLock
 from .aioleader import AsyncLeader
+from .aiomulti import AsyncMultiLock, AsyncRedLock
 from .aioratelimit import AsyncRateLimiter
-from .errors import LockBusy, LockError, LockNotOwnedError, LockNotSyncedError, LockReentryError
+from .errors import (
+    LockBusy,
+    LockError,
+    LockNotOwnedError,
+    LockNotSyncedError,
+    LockReentryError,
+    LockUpgradeError,
+)
 from .fair import AsyncFairLock, FairLock
 from .fenced import AsyncFencedLock, FencedLock
 from .latch import AsyncCountDownLatch, CountDownLatch
 from .leader import Leader, LeaderInfo
 from .lock import RLock
-from .multi import AsyncMultiLock, AsyncRedLock, MultiLock, MultiLockError, RedLock
+from .multi import MultiLock, MultiLockError, RedLock
 from .nonreentrant import AsyncNonReentrantLock, NonReentrantLock
 from .ratelimit import RateLimited, RateLimiter, RateLimiterError
 from .rwlock import (
@@ -32,6 +40,7 @@ __all__ = ["AsyncCountDownLatch", "AsyncFairLock", "AsyncFencedLock", "AsyncLead
            "AsyncRateLimiter", "AsyncReadWriteLock", "AsyncRedLock", "AsyncRLock", "AsyncSemaphore",
            "AsyncWriteLock", "CountDownLatch", "FairLock", "FencedLock", "Leader", "LeaderInfo",
            "LockBusy", "LockError", "LockNotOwnedError", "LockNotSyncedError", "LockReentryError",
+           "LockUpgradeError",
            "MultiLock", "MultiLockError", "NonReentrantLock", "PermitExpirableSemaphore",
            "RateLimited", "RateLimiter", "RateLimiterError", "ReadLock",
            "ReadWriteLock", "RedLock", "RLock", "Semaphore", "WriteLock"]

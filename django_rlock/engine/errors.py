@@ -48,3 +48,10 @@ class LockNotSyncedError(LockError):
 class LockReentryError(LockError):
     """A ``NonReentrantLock``'s holder asked for it again: ``lock()`` raises this at once
     (waiting would wait for itself forever); ``try_lock()`` returns False instead."""
+
+
+class LockUpgradeError(LockReentryError):
+    """A reader of a ``ReadWriteLock`` asked to wait for its write lock (an upgrade): the write
+    waits for every reader to leave, the caller included, so it would wait for itself.
+    ``lock()`` and ``try_lock(wait_time > 0)`` raise this at once; a one-shot ``try_lock()``
+    returns False, as in Redisson."""

@@ -4,7 +4,12 @@
 RedissonMultiLock. ``RedLock`` holds when a majority (N // 2 + 1) does, as the Redlock
 algorithm and Redisson's RedissonRedLock. Both are built on the members' own acquire, wait,
 renewal and release: no second wait loop, no second watchdog (a member in watchdog mode is
-renewed by the process watchdog like any lock).
+renewed by the process watchdog like any lock). The asyncio twins are in ``aiomulti``.
+
+Only a refusal (a member held elsewhere) is waited out. A member's error (its server down, a
+wrong password, WRONGTYPE at the key) is no refusal: once errors leave too few members to
+hold (MultiLock: one; RedLock: more than a minority), the acquire releases what it took and
+raises the error, where Redisson counts it as "not acquired" and ``lock()`` spins on, silent.
 
 RedLock's safety is contested: a process paused (GC, swap) past its lease, or clocks that jump,
 can let two holders believe they hold it (Martin Kleppmann, "How to do distributed locking",
@@ -14,7 +19,6 @@ fenced lock. It is offered because people ask for it; prefer ``RLock`` with repl
 
 from __future__ import annotations
 
-import asyncio
 import math
 import random
 import threading
@@ -25,11 +29,9 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from . import identity
-from .aio import AsyncRLock
 from .errors import LockError, LockNotOwnedError
 from .lock import RLock, check_seconds
-from .scripts import RENEW_SCRIPT, acall_once, call_once
+from .scripts import RENEW_SCRIPT, call_once
 from .watchdog import watchdog
 
 #: Seconds a ``lock()`` gives each member per round before letting go of all and starting over
@@ -37,7 +39,8 @@ from .watchdog import watchdog
 ROUND_PER_MEMBER = 1.5
 #: The least a RedLock member is given of the budget (Redisson: 1 ms): enough for a wake-up.
 MIN_MEMBER_WAIT = 0.01
-#: Errors that mean "this member is not held" while acquiring (a server down, a replica short).
+#: A member's failures (a server down, a wrong password, WRONGTYPE, a replica short), as
+#: against a refusal (held elsewhere, ``False``): an acquire waits out refusals only.
 MEMBER_ERRORS = (RedisError, LockError, OSError)
 
 
@@ -52,10 +55,12 @@ class MultiLockError(LockError):
 class MultiLock:
     """All-or-nothing over ``RLock``s that may live on different servers; the ``RLock`` API.
 
-    Members are taken in the order given, within the wait budget; if one cannot be had, those
-    already taken are released and the attempt starts over from the first while budget
-    remains. With a lease, every member gets it from the moment the whole lock is held.
-    ``is_lost()`` turns True (and ``on_lost(name)`` is called once) when a member's hold is lost.
+    Members are taken in the order given, within the wait budget; if one is held elsewhere,
+    those already taken are released and the attempt starts over from the first while budget
+    remains. A member that fails (an error, not a refusal) ends the acquire: what was taken is
+    released and its error raised, unchanged, noted with the member (``_failed``). With a
+    lease, every member gets it from the moment the whole lock is held. ``is_lost()`` turns
+    True (and ``on_lost(name)`` is called once) when a member's hold is lost.
     """
 
     _member_type: type = RLock
@@ -145,13 +150,15 @@ class MultiLock:
         while True:
             start = time.monotonic()
             taken: list[RLock] = []
+            errors: dict[int, BaseException] = {}
             failed = 0
             try:
-                for lock in self.locks:
+                for i, lock in enumerate(self.locks):
                     remaining = max(0.0, deadline - time.monotonic())
                     try:
                         ok = lock.try_lock(self._member_wait(remaining), member_lease)
-                    except MEMBER_ERRORS:
+                    except MEMBER_ERRORS as exc:  # a failure: a quorum tolerates a minority
+                        errors[i] = exc
                         ok = False
                     if ok:
                         taken.append(lock)
@@ -159,6 +166,8 @@ class MultiLock:
                         failed += 1
                         if failed > allowed:
                             break
+                if len(errors) > allowed:
+                    raise self._failed(errors)  # no wait mends it: released below
                 if len(taken) >= self.quorum and self._still_valid(start, lease):
                     if lease is not None and member_lease != lease:
                         self._set_lease(taken, lease)
@@ -172,7 +181,7 @@ class MultiLock:
             now = time.monotonic()
             if wait == 0 or now >= deadline:
                 return False
-            # A member that failed at once (server down) must not make this a busy loop.
+            # A member refused at once (or a minority down) must not make this a busy loop.
             time.sleep(min(deadline - now, random.uniform(0.005, 0.05)))
 
     @staticmethod
@@ -195,6 +204,21 @@ class MultiLock:
                 call_once(lock.client, RENEW_SCRIPT, (lock.key,), args)
             except RedisError:
                 pass  # it keeps the longer acquisition lease
+
+    def _failed(self, errors: dict[int, BaseException]) -> BaseException:
+        """What an acquire raises when members' errors, not refusals, leave too few to hold:
+        the first error unchanged, so a caller (and the Django glue's 503) tells "unreachable"
+        from "busy" as for one RLock, with a note naming every failed member."""
+        i, first = next(iter(errors.items()))
+        others = {j: e for j, e in errors.items() if j != i}
+        first.add_note(f"{self!r} was not acquired (what it took was released): its member {i} "
+                       f"{self.locks[i].name!r} failed with this error"
+                       + (f"; so did {self._describe(others)}" if others else ""))
+        return first
+
+    def _describe(self, failures: dict[int, BaseException]) -> str:
+        return ", ".join(f"member {i} {self.locks[i].name!r} ({type(e).__name__}: {e})"
+                         for i, e in failures.items())
 
     @staticmethod
     def _release(taken: list[RLock]) -> None:
@@ -232,9 +256,8 @@ class MultiLock:
         if len(failures) == len(self.locks) and all(
                 isinstance(e, LockNotOwnedError) for e in failures.values()):
             raise LockNotOwnedError(f"cannot unlock {self!r}: not held by this owner", self.name)
-        what = ", ".join(f"member {i} {self.locks[i].name!r} ({type(e).__name__}: {e})"
-                         for i, e in failures.items())
-        raise MultiLockError(f"releasing {self!r} failed for {what}", self.name, failures)
+        raise MultiLockError(f"releasing {self!r} failed for {self._describe(failures)}",
+                             self.name, failures)
 
     # -- inspecting -----------------------------------------------------------------------
     def _held(self) -> int:
@@ -317,183 +340,3 @@ class RedLock(MultiLock):
             return True
         drift = lease * 0.01 + 0.002
         return lease - (time.monotonic() - start) - drift > 0
-
-
-class AsyncMultiLock(MultiLock):
-    """``MultiLock`` over ``AsyncRLock``s: members are taken concurrently (one round trip of
-    wall time, not N), each in a child task acting for the caller, so the holds are the
-    calling task's. A round that can no longer succeed (a member refused) stops the others at
-    once and gives back what was taken; a cancelled acquire does the same before the
-    cancellation goes on. ``await lock()``, ``await try_lock(...)``, ``await unlock()``,
-    ``await is_held_by_current_task()``, ``async with``."""
-
-    _member_type = AsyncRLock
-
-    async def lock(self, lease_time: float | None = None) -> None:  # type: ignore[override]
-        lease = self._lease(lease_time)
-        while not await self._aacquire(ROUND_PER_MEMBER * len(self.locks), lease):
-            pass
-
-    async def try_lock(self, wait_time: float = 0.0,  # type: ignore[override]
-                       lease_time: float | None = None) -> bool:
-        wait = check_seconds(wait_time, "wait_time", self.name, zero_ok=True)
-        return await self._aacquire(wait, self._lease(lease_time))
-
-    async def acquire(self, blocking: bool = True,  # type: ignore[override]
-                      timeout: float = -1) -> bool:
-        if not blocking:
-            if timeout != -1:
-                raise ValueError(f"can't specify a timeout for a non-blocking call ({self!r})")
-            return await self.try_lock()
-        if timeout == -1:
-            await self.lock()
-            return True
-        return await self.try_lock(timeout)
-
-    @staticmethod
-    async def _atry(lock: Any, wait: float, lease: float | None) -> bool:
-        try:
-            return bool(await lock.try_lock(wait, lease))
-        except MEMBER_ERRORS:
-            return False
-
-    def _spawn(self, coros: list[Any]) -> list[asyncio.Future[Any]]:
-        # Created inside acting_for: the child tasks copy the context, so they act for us.
-        with identity.acting_for(asyncio.current_task()):
-            return [asyncio.ensure_future(c) for c in coros]
-
-    def _grace(self, took: float) -> float:
-        """How long members still out may finish once the round has enough (RedLock)."""
-        return 0.0
-
-    async def _round(self, wait: float, member_lease: float | None) -> list[Any]:
-        """One concurrent round; the members it took. It stops early (the rest cancelled,
-        which gives back what they took) once it cannot succeed, or has enough and the
-        stragglers' grace is over."""
-        loop = asyncio.get_running_loop()
-        start = time.monotonic()
-        tasks = self._spawn([self._atry(m, wait, member_lease) for m in self.locks])
-        allowed = len(tasks) - self.quorum
-        settled = loop.create_future()
-        counts = [0, 0]  # held, refused
-        timer: list[asyncio.TimerHandle] = []
-
-        def settle() -> None:
-            if not settled.done():
-                settled.set_result(None)
-
-        def on_done(task: asyncio.Future[Any]) -> None:  # one callback, not a wait() per reply
-            if settled.done():
-                return
-            counts[0 if _took(task) else 1] += 1
-            if counts[1] > allowed or sum(counts) == len(tasks):
-                settle()
-            elif counts[0] >= self.quorum and not timer:
-                timer.append(loop.call_later(self._grace(time.monotonic() - start), settle))
-
-        for t in tasks:
-            t.add_done_callback(on_done)
-        try:
-            await settled
-        except BaseException:
-            await self._stop(tasks)
-            await self._arelease([m for m, t in zip(self.locks, tasks, strict=True) if _took(t)])
-            raise
-        finally:
-            for h in timer:
-                h.cancel()
-        await self._stop(tasks)
-        taken = [m for m, t in zip(self.locks, tasks, strict=True) if _took(t)]
-        for t in tasks:
-            if not t.cancelled() and t.exception() is not None:  # a bug, not a refusal
-                await self._arelease(taken)
-                raise t.exception()  # type: ignore[misc]
-        return taken
-
-    @staticmethod
-    async def _stop(tasks: list[asyncio.Future[Any]]) -> None:
-        pending = [t for t in tasks if not t.done()]
-        for t in pending:
-            t.cancel()  # a member's cancelled acquire gives back what it took (engine)
-        if pending:
-            await asyncio.gather(*pending, return_exceptions=True)
-
-    async def _aacquire(self, wait: float, lease: float | None) -> bool:
-        deadline = time.monotonic() + wait
-        member_lease = self._member_lease(lease, wait)
-        while True:
-            start = time.monotonic()
-            # Concurrent: every member may use the whole remaining budget.
-            taken = await self._round(max(0.0, deadline - start), member_lease)
-            if len(taken) >= self.quorum and self._still_valid(start, lease):
-                if lease is not None and member_lease != lease:
-                    await asyncio.gather(*(
-                        acall_once(m.client, RENEW_SCRIPT, (m.key,), args)
-                        for m, args in self._lease_targets(taken, lease)), return_exceptions=True)
-                with self._lost_guard:
-                    self._lost_members.clear()
-                return True
-            await self._arelease(taken)
-            now = time.monotonic()
-            if wait == 0 or now >= deadline:
-                return False
-            await asyncio.sleep(min(deadline - now, random.uniform(0.005, 0.05)))
-
-    async def _arelease(self, taken: list[Any]) -> None:
-        if taken:
-            await asyncio.gather(*self._spawn([m.unlock() for m in taken]),
-                                 return_exceptions=True)
-
-    async def _aunlock_all(self) -> dict[int, BaseException]:
-        results = await asyncio.gather(*self._spawn([m.unlock() for m in self.locks]),
-                                       return_exceptions=True)
-        return {i: r for i, r in enumerate(results) if isinstance(r, MEMBER_ERRORS)}
-
-    async def unlock(self) -> None:  # type: ignore[override]
-        """Release every member concurrently; then raise as ``MultiLock.unlock``."""
-        self._raise_for(await self._aunlock_all())
-
-    release = unlock  # type: ignore[assignment]
-
-    async def remaining_ttl(self) -> float | None:  # type: ignore[override]
-        """The longest lease left among the members."""
-        ttls = await asyncio.gather(*(m.remaining_ttl() for m in self.locks),
-                                    return_exceptions=True)
-        known = [t for t in ttls if isinstance(t, float)]
-        return max(known) if known else None
-
-    async def is_held_by_current_task(self) -> bool:
-        """Whether this task holds enough members (all; RedLock: a majority)."""
-        held = await asyncio.gather(*self._spawn([m.is_held_by_current_task()
-                                                  for m in self.locks]), return_exceptions=True)
-        return sum(h is True for h in held) >= self.quorum
-
-    def is_held_by_current_thread(self) -> bool:
-        raise TypeError(f"{self!r} is owned by a task: await is_held_by_current_task()")
-
-    def __enter__(self) -> MultiLock:
-        raise TypeError(f"{self!r} is an asyncio lock: use 'async with'")
-
-    async def __aenter__(self) -> AsyncMultiLock:
-        await self.lock()
-        return self
-
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
-        await self.unlock()
-
-
-def _took(task: asyncio.Future[Any]) -> bool:
-    return task.done() and not task.cancelled() and task.exception() is None and task.result()
-
-
-class AsyncRedLock(AsyncMultiLock):
-    """``RedLock`` over ``AsyncRLock``s, members taken concurrently (see ``RedLock``). Once a
-    majority holds, members still out get as long again as that took (at least
-    ``MIN_MEMBER_WAIT``) and are then given up: a busy member never costs the whole budget."""
-
-    quorum = RedLock.quorum
-    _still_valid = RedLock._still_valid
-
-    def _grace(self, took: float) -> float:
-        return max(took, MIN_MEMBER_WAIT)

@@ -9,25 +9,29 @@ tell the others it is gone. Both locks wait on ``redisson_rwlock:{key}``; a read
 that frees the lock publishes ``0``, a write unlock ``1``, and every message wakes every
 local waiter (several readers may enter together).
 
-A writer may take read holds (downgrade); a reader may not take the write lock (upgrade):
-it waits, as in Redisson. Each kind is a set of scripts on ``RLock`` / ``AsyncRLock``:
-waiting, renewal, replica sync and bookkeeping are the engine's.
+A writer may take read holds (downgrade); a reader may not take the write lock (upgrade): a
+write that would wait for the caller's own read hold raises ``LockUpgradeError`` before any
+command (Redisson waits there, forever in watchdog mode). Each kind is a set of scripts on
+``RLock`` / ``AsyncRLock``: waiting, renewal, replica sync and bookkeeping are the engine's.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
 from . import identity
 from .aio import AsyncRLock
+from .errors import LockUpgradeError
+from .holds import Hold
 from .kinds import Kind, declare
 from .lock import HoldKey, RLock
 from .lua import Script, source
 from .naming import READ_UNLOCK_MESSAGE, RWLOCK_CHANNEL_PREFIX, UNLOCK_MESSAGE, prefix_name
 from .scripts import RENEW_SCRIPT
 from .wait.channel import wake_all
-from .watchdog import HoldKind
+from .watchdog import HoldKind, watchdog
 
 # -- Lua: ``lua/read_*.lua``, ``write_*.lua``, ``rw_force.lua`` (KEYS, ARGV and the reply in each
 # file's header), all on the helpers of ``lua/_rw.lua``.
@@ -48,6 +52,8 @@ FORCE_SCRIPT = Script(FORCE)
 _WRITE = ":write"
 
 
+def _live(hold: Hold | None) -> bool:
+    return hold is not None and not hold.lost and (hold.renew or time.monotonic() < hold.expires_at)
 
 
 class _RWKind:
@@ -59,7 +65,9 @@ class _RWKind:
     #: What this kind publishes when it frees the lock.
     _MESSAGE: str
     # Provided by LockBase.
+    name: str
     key: str
+    _server: Any
     _index: str
     _channel: bytes
     _release_keys: tuple[Any, ...]
@@ -120,6 +128,27 @@ class _WriteKind(_RWKind):
         return HoldKind(RENEW_SCRIPT, self.key, WRITE_RELEASE_SCRIPT,
                         (self._field(), 0, READ_UNLOCK_MESSAGE, "all"))
 
+    def _refuse_upgrade(self, wait: float | None) -> None:
+        """``LockUpgradeError`` if this acquire would wait for the caller's own read hold.
+
+        The write waits for every reader to leave, the caller included: ``lock()`` would never
+        return (its read hold renewed by the watchdog all along), a timed try would only burn
+        its budget. Decided from the process's registry of holds, so no command is sent. A
+        one-shot try is left to the script, which refuses it (Redisson's
+        testWriteReadReentrancy); a writer that also reads takes its write again (reentry).
+        """
+        if wait == 0:
+            return
+        owner = self._owner()  # type: ignore[attr-defined]
+        registry = watchdog()
+        if _live(registry.get((self._server, self.key, owner))) and not _live(
+                registry.get((self._server, self.key, owner + _WRITE))):
+            raise LockUpgradeError(
+                f"lock {self.name!r}: {owner} holds its read lock and asked for its write "
+                f"lock, which waits for every reader to leave, itself included: it would wait "
+                f"for itself. Release the read lock first (no upgrade; a one-shot try_lock() "
+                f"returns False)", self.name)
+
 
 # -- threads ---------------------------------------------------------------------------------
 class ReadLock(_ReadKind, RLock):
@@ -138,11 +167,16 @@ class ReadLock(_ReadKind, RLock):
 
 
 class WriteLock(_WriteKind, RLock):
-    """The write side of a ``ReadWriteLock``: the ``RLock`` API, exclusive."""
+    """The write side of a ``ReadWriteLock``: the ``RLock`` API, exclusive. A reader asking to
+    wait for it (``lock()``, ``try_lock(wait_time > 0)``) gets ``LockUpgradeError``."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._rw_setup()
+
+    def _acquire(self, wait: float | None, lease_ms: int | None) -> bool:
+        self._refuse_upgrade(wait)
+        return super()._acquire(wait, lease_ms)
 
     def is_locked(self) -> bool:
         return self._reader.hget(self.key, "mode") == b"write"
@@ -153,8 +187,9 @@ class ReadWriteLock:
 
     Many readers or one writer, non-fair (readers keep entering while others read). The
     owner that holds the write lock may also take read holds (downgrade); a reader asking
-    for the write lock waits for every reader to leave, itself included, so ``lock()``
-    there never returns: use ``try_lock``.
+    for the write lock would wait for every reader to leave, itself included, so its
+    ``lock()`` or ``try_lock(wait_time > 0)`` raises ``LockUpgradeError`` at once (a
+    one-shot ``try_lock()`` returns False).
     """
 
     def __init__(self, client: Any, name: str, prefix: str = "", watchdog_timeout: float = 30.0,
@@ -206,6 +241,10 @@ class AsyncWriteLock(_WriteKind, AsyncRLock):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._rw_setup()
+
+    async def _acquire(self, wait: float | None, lease_ms: int | None) -> bool:
+        self._refuse_upgrade(wait)
+        return await super()._acquire(wait, lease_ms)
 
     async def is_locked(self) -> bool:
         return await self._reader.hget(self.key, "mode") == b"write"

@@ -95,12 +95,14 @@ def test_multilock_excludes_across_4_processes(servers):
     assert not any(s.client().exists("multi:counter") for s in servers[:3])
 
 
-def test_multilock_with_a_member_down_fails_and_holds_nothing(servers):
+def test_multilock_with_a_member_down_raises_its_error_and_holds_nothing(servers):
     cs = clients(servers[:3])
     kill(servers[1])
     multi = MultiLock(*members(cs))
-    assert multi.try_lock() is False
-    assert multi.try_lock(wait_time=0.3) is False
+    with pytest.raises(redis.ConnectionError):  # an error, not "busy" (test_multi_errors.py)
+        multi.try_lock()
+    with pytest.raises(redis.ConnectionError):
+        multi.try_lock(wait_time=0.3)
     assert not cs[0].exists("m") and not cs[2].exists("m")
 
 
@@ -117,12 +119,13 @@ def test_redlock_survives_two_of_five_down_and_excludes(servers, holders):
     assert holders().call(lambda: RedLock(*members(cs)).try_lock(wait_time=0.3)) is True
 
 
-def test_redlock_with_three_down_fails_clean(servers):
+def test_redlock_with_three_down_raises_and_holds_nothing(servers):
     cs = clients(servers)
     for i in (0, 2, 4):
         kill(servers[i])
     red = RedLock(*members(cs))
-    assert red.try_lock(wait_time=0.3) is False
+    with pytest.raises(redis.ConnectionError):  # a majority down: no wait mends it
+        red.try_lock(wait_time=0.3)
     assert not cs[1].exists("m") and not cs[3].exists("m")
 
 
@@ -322,11 +325,12 @@ def test_async_multilock_gives_back_what_it_took_on_failure_and_cancellation(ser
         assert not cs[0].exists("m") and not cs[2].exists("m")
 
     asyncio.run(main())
-    kill(servers[2])  # a member down: refused at once, nothing left on the others
+    kill(servers[2])  # a member down: its error at once, nothing left on the others
 
     async def down() -> None:
         multi = AsyncMultiLock(*_async_members(servers[:3], "d"))
-        assert await multi.try_lock(wait_time=0.3) is False
+        with pytest.raises(redis.ConnectionError):
+            await multi.try_lock(wait_time=0.3)
         assert not cs[0].exists("d") and not cs[1].exists("d")
         with pytest.raises(TypeError, match="async with"):
             with multi:
