@@ -24,6 +24,7 @@ from ..clients import sharded
 from . import settings
 from .channel import Channel, Channels
 from .handoff import HandOffs
+from .waiter import hold_wakes, send_held_wakes
 
 logger = logging.getLogger("django_rlock")
 
@@ -200,7 +201,12 @@ class Subscription:
                 if watch:
                     timeout = max(0.0, min(timeout, watch - time.monotonic()))
                 if self._conn.can_read(timeout=timeout):
-                    self._dispatch(self._conn.read_response(disconnect_on_error=True, push_request=True))
+                    reply = self._conn.read_response(disconnect_on_error=True, push_request=True)
+                    hold_wakes()  # written once the lock is released (``waiter.hold_wakes``)
+                    try:
+                        self._dispatch(reply)
+                    finally:
+                        send_held_wakes()
                 now = time.monotonic()
                 watch = self._handoffs.next_watch
                 if watch and now >= watch:
