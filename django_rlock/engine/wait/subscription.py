@@ -32,6 +32,10 @@ _SHARDED_KINDS = {b"smessage": b"message", b"ssubscribe": b"subscribe",
                   b"sunsubscribe": b"unsubscribe"}
 
 
+def _as_is(message: Any) -> Any:
+    return message
+
+
 def subscriber_name(db: Any = 0) -> str:
     """The CLIENT SETNAME of this process's subscription connection for database ``db``."""
     return f"rlock-pubsub:{identity.process_id()}:{db}"
@@ -156,6 +160,12 @@ class Subscription:
         db = pool.connection_kwargs.get("db", 0)
         conn = pool.connection_class(**{**pool.connection_kwargs, "client_name": subscriber_name(db)})
         conn.connect()
+        # redis-py's RESP3 parser hands each message to a handler that formats it for a DEBUG
+        # log line, wanted or not (``str`` of the message and a ``getLogger`` per message, a
+        # grant's every time): ours passes it on as is.
+        set_handler = getattr(getattr(conn, "_parser", None), "set_pubsub_push_handler", None)
+        if set_handler is not None:
+            set_handler(_as_is)
         with self._channels.lock:
             old, self._conn = self._conn, conn
             first = old is None
