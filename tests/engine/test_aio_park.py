@@ -1,4 +1,4 @@
-"""An asyncio waiter's park and wake (``wait/waiter.py``, invariants 4 and 45), on real event
+"""An asyncio waiter's park and wake (``wait/waiter.py``, invariants 4 and 49), on real event
 loops in real threads: a park is one future and one timer, a wake before the park is kept, a
 cancellation propagates, and a wake from the pub/sub listener is written only once it lets go
 of the manager lock (``hold_wakes`` / ``send_held_wakes``).

@@ -73,7 +73,7 @@ def hold_wakes() -> None:
     written there woke the waiter's loop, which then ran into that lock (still held, the
     listener waiting for the interpreter), so every grant cost two more thread switches. A
     loop that closes before the held wake is written is a loop that closed just after its
-    wake: its task never runs either way (invariant 45)."""
+    wake: its task never runs either way (invariant 49)."""
     _held.wakes = []
 
 
