@@ -12,7 +12,9 @@ On a private redis-server, over a unix socket and over loopback TCP, in one run:
   acquire, ~1 ms hold (``asyncio.sleep``), release, for ``--seconds`` per library: per
   acquisition, the server commands and server CPU (``INFO commandstats`` delta: calls and
   usec, the commands run inside scripts included) and the client processes' CPU
-  (``time.process_time``); the worst wait of any acquisition.
+  (``time.process_time``); the worst wait of any acquisition. ``--threads`` splits the
+  client CPU into the event loop thread's and the other threads' (the pub/sub listener's),
+  with the context switches per acquisition (Linux).
 
 ``--code PATH``: import ``django_rlock`` from another checkout (a before/after comparison
 runs this file twice, once per checkout). ``--layouts 4x16`` and ``--transports unix`` run
@@ -161,13 +163,28 @@ def _contender(where: dict[str, Any], code: str | None, lib: str, tasks: int, se
                 await release()
 
         await asyncio.sleep(max(0.0, start_at - time.monotonic()))
-        cpu = time.process_time()
+        switches = _switches()
+        cpu, loop_cpu = time.process_time(), time.thread_time()
         await asyncio.gather(*(one() for _ in range(tasks)))
-        cpu = time.process_time() - cpu
+        cpu, loop_cpu = time.process_time() - cpu, time.thread_time() - loop_cpu
+        switches = _switches() - switches
         await client.aclose()
-        return count, worst, cpu
+        return count, worst, cpu, loop_cpu, switches
 
     q.put(asyncio.run(main()))
+
+
+def _switches() -> int:
+    """Context switches of this process's threads so far (Linux; 0 elsewhere)."""
+    total = 0
+    for task in Path("/proc/self/task").glob("*"):
+        try:
+            for line in (task / "status").read_text().splitlines():
+                if "ctxt_switches:" in line:  # voluntary and nonvoluntary
+                    total += int(line.split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
 
 
 def _contention(where: dict[str, Any], code: str | None, lib: str, procs: int, tasks: int,
@@ -191,6 +208,11 @@ def _contention(where: dict[str, Any], code: str | None, lib: str, procs: int, t
              if k not in ("cmdstat_info", "cmdstat_config|resetstat")}
     n = sum(g[0] for g in got)
     admin.close()
+    if os.environ.get("BENCH_THREADS"):  # --threads: where the client CPU went
+        print(f"  {lib} {procs} x {tasks}: per acquisition, event loop thread "
+              f"{sum(g[3] for g in got) * 1e6 / n:.0f} us, other threads (listener, watchdog) "
+              f"{sum(g[2] - g[3] for g in got) * 1e6 / n:.0f} us, context switches "
+              f"{sum(g[4] for g in got) / n:.2f}", flush=True)
     if os.environ.get("BENCH_COMMANDS"):  # --commands: which commands, per acquisition
         per = sorted(((v["calls"] / n, k[len("cmdstat_"):]) for k, v in stats.items()),
                      reverse=True)
@@ -215,9 +237,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--transports", default="unix,tcp", help="unix, tcp or both")
     ap.add_argument("--commands", action="store_true",
                     help="also print each contention run's server commands per acquisition")
+    ap.add_argument("--threads", action="store_true",
+                    help="also print each contention run's client CPU by thread (the event "
+                         "loop's, the others') and context switches per acquisition")
     args = ap.parse_args(argv)
     if args.commands:
         os.environ["BENCH_COMMANDS"] = "1"
+    if args.threads:
+        os.environ["BENCH_THREADS"] = "1"
     layouts = [tuple(int(n) for n in lay.split("x")) for lay in args.layouts.split(",")]
     transports = set(args.transports.split(","))
     _paths(args.code)

@@ -246,9 +246,7 @@ def packed(conn: Any, args: tuple[Any, ...]) -> list[bytes]:
             b = a
         else:
             b = encoder.encode(a)
-        add(b"$%d\r\n" % len(b))
-        add(b)
-        add(b"\r\n")
+        add(b"$%d\r\n%b\r\n" % (len(b), b))  # one piece per argument (a few bytes each)
     return out
 
 

@@ -24,11 +24,16 @@ from ..clients import sharded
 from . import settings
 from .channel import Channel, Channels
 from .handoff import HandOffs
+from .waiter import hold_wakes, send_held_wakes
 
 logger = logging.getLogger("django_rlock")
 
 _SHARDED_KINDS = {b"smessage": b"message", b"ssubscribe": b"subscribe",
                   b"sunsubscribe": b"unsubscribe"}
+
+
+def _as_is(message: Any) -> Any:
+    return message
 
 
 def subscriber_name(db: Any = 0) -> str:
@@ -155,6 +160,12 @@ class Subscription:
         db = pool.connection_kwargs.get("db", 0)
         conn = pool.connection_class(**{**pool.connection_kwargs, "client_name": subscriber_name(db)})
         conn.connect()
+        # redis-py's RESP3 parser hands each message to a handler that formats it for a DEBUG
+        # log line, wanted or not (``str`` of the message and a ``getLogger`` per message, a
+        # grant's every time): ours passes it on as is.
+        set_handler = getattr(getattr(conn, "_parser", None), "set_pubsub_push_handler", None)
+        if set_handler is not None:
+            set_handler(_as_is)
         with self._channels.lock:
             old, self._conn = self._conn, conn
             first = old is None
@@ -200,7 +211,12 @@ class Subscription:
                 if watch:
                     timeout = max(0.0, min(timeout, watch - time.monotonic()))
                 if self._conn.can_read(timeout=timeout):
-                    self._dispatch(self._conn.read_response(disconnect_on_error=True, push_request=True))
+                    reply = self._conn.read_response(disconnect_on_error=True, push_request=True)
+                    hold_wakes()  # written once the lock is released (``waiter.hold_wakes``)
+                    try:
+                        self._dispatch(reply)
+                    finally:
+                        send_held_wakes()
                 now = time.monotonic()
                 watch = self._handoffs.next_watch
                 if watch and now >= watch:

@@ -60,13 +60,47 @@ MOVES: dict[State, frozenset[State]] = {
 }
 
 
+#: Per thread: the asyncio wakes held back until its server's lock is released
+#: (``hold_wakes``); None: each wake is written at once.
+_held = threading.local()
+
+
+def hold_wakes() -> None:
+    """From now on, this thread's wakes of asyncio waiters of other threads' loops are held
+    back (one check that the loop is open stands for the write) until ``send_held_wakes``.
+
+    The pub/sub listener holds them while it books a grant under its server's lock: a wake
+    written there woke the waiter's loop, which then ran into that lock (still held, the
+    listener waiting for the interpreter), so every grant cost two more thread switches. A
+    loop that closes before the held wake is written is a loop that closed just after its
+    wake: its task never runs either way (invariant 49)."""
+    _held.wakes = []
+
+
+def send_held_wakes() -> None:
+    """Write the wakes held since ``hold_wakes`` (call it with no lock held) and stop
+    holding them."""
+    wakes, _held.wakes = getattr(_held, "wakes", None), None
+    for loop, wake in wakes or ():
+        try:
+            loop.call_soon_threadsafe(wake)
+        except RuntimeError:  # closed since: as if it closed just after the wake
+            pass
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
 class IllegalMove(RuntimeError):
     """A waiter was moved in a way ``MOVES`` does not allow: a bug in the waiting side."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, eq=False)
 class HandOff:
     """What a release needs to hand the lock to a waiter (kinds with a hand-off, RLock's).
+    Made once per wait and never changed (not ``frozen``: see ``loop.Wait``).
 
     ``owner``, ``lease_ms``, ``on_grant`` and ``info``: a releasing thread of this process may
     hand the lock straight to the waiter (invariant 5); ``on_grant(grant_ms, since)`` books the
@@ -103,7 +137,7 @@ class Waiter:
     """One waiting thread, or one waiting asyncio task (``loop`` given)."""
 
     __slots__ = ("state", "key", "handoff", "token", "line", "registered", "seen", "pending",
-                 "deliver", "_park", "_loop", "_event", "_tid")
+                 "deliver", "_park", "_loop", "_woken", "_fut", "_tid")
 
     def __init__(self, key: str = "", handoff: HandOff | None = None,
                  loop: asyncio.AbstractEventLoop | None = None) -> None:
@@ -122,7 +156,11 @@ class Waiter:
         self.deliver: Callable[[bytes], Any] | None = None
         self._loop = loop
         if loop is not None:
-            self._event = asyncio.Event()
+            # A wake not yet seen by a park (``apark`` clears it), and the future the task
+            # parks on: one future and at most one timer per park (an ``asyncio.Event`` and
+            # ``asyncio.timeout`` cost twice as much per park on the bench host).
+            self._woken = False
+            self._fut: asyncio.Future[None] | None = None
             self._tid = threading.get_ident()  # its loop's thread (it joins from there)
         elif self.line is None:
             self._park = threading.Lock()
@@ -166,16 +204,31 @@ class Waiter:
             self._park.acquire(blocking=False)
 
     async def apark(self, timeout: float | None) -> None:
-        if not self._event.is_set() and (timeout is None or timeout > 0):
+        if not self._woken and (timeout is None or timeout > 0):
+            # Not ``wait_for`` (a task per park on 3.11); and the bound resolves the future
+            # instead of cancelling the task, so no cancellation of the caller's is mistaken
+            # for it or swallowed: a cancellation propagates as is.
+            loop = self._loop
+            assert loop is not None
+            fut = self._fut = loop.create_future()
+            timer = None if timeout is None or timeout == math.inf else loop.call_later(
+                timeout, _resolve, fut)
             try:
-                # ``asyncio.timeout``, not ``wait_for``: on 3.11 that starts a task per park.
-                async with asyncio.timeout(timeout):
-                    await self._event.wait()
-            except TimeoutError:
-                pass
+                await fut
+            finally:
+                self._fut = None
+                if timer is not None:
+                    timer.cancel()
         # No await between the wake and this clear: a wake cannot slip in and be lost
         # (invariant 4).
-        self._event.clear()
+        self._woken = False
+
+    def _set(self) -> None:
+        """The wake, on its loop's thread."""
+        self._woken = True
+        fut = self._fut
+        if fut is not None and not fut.done():
+            fut.set_result(None)
 
     def wake(self) -> bool:
         """Wake it (under the lock); False if it is gone (its event loop closed under it),
@@ -184,10 +237,14 @@ class Waiter:
             if threading.get_ident() == self._tid and not self._loop.is_closed():
                 # A task of its own loop woke it (its release granted or handed it the lock):
                 # no self-pipe write, no extra turn of the loop.
-                self._event.set()
+                self._set()
+                return True
+            held = getattr(_held, "wakes", None)
+            if held is not None and not self._loop.is_closed():
+                held.append((self._loop, self._set))  # written by ``send_held_wakes``
                 return True
             try:
-                self._loop.call_soon_threadsafe(self._event.set)
+                self._loop.call_soon_threadsafe(self._set)
             except RuntimeError:  # its loop is closed: the waiter is gone
                 if self.state is not State.ABANDONED:
                     self.move(State.ABANDONED)
