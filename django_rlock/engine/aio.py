@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
-import weakref
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any
@@ -20,7 +18,7 @@ from typing import Any
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from . import events, identity, leases, records, replicas, waiters
+from . import events, identity, leases, records, replicas, taskholds, waiters
 from .aiopool import cancel_dropped, mark_cancels, reset_budget, reset_cancels, set_budget
 from .clients import SlotBound, async_twin, refresh, sync_twin
 from .errors import LockNotOwnedError
@@ -33,34 +31,6 @@ from .wait import loop as waiting
 from .watchdog import server_id, watchdog
 
 logger = logging.getLogger("django_rlock")
-
-#: Give-back and booking tasks started from callbacks: kept alive until they finish.
-_background: set[asyncio.Future[Any]] = set()
-
-#: Per task, its last hold of each lock, looked at when it ends: one done callback per task,
-#: not one per hold, which a task locking in a loop would pile up (with every hold it ever
-#: had) for as long as it runs. Under a lock: holds are booked on other threads too.
-_watched: weakref.WeakKeyDictionary[Any, dict[HoldKey, tuple[AsyncRLock, Any]]]
-_watched, _watched_lock = weakref.WeakKeyDictionary(), threading.Lock()
-
-
-def _task_ended(task: asyncio.Future[Any]) -> None:
-    with _watched_lock:
-        held = _watched.pop(task, None)
-    for k, (lock, hold) in (held or {}).items():
-        try:  # one that fails must not keep the others held forever
-            lock._task_done(k, hold)
-        except Exception:
-            logger.exception("django-rlock: releasing %r after its task ended failed", lock.name)
-
-
-def _unwatch(k: HoldKey, hold: Any, task: Any) -> None:
-    """The task's hold ended: a long-lived task must not keep every lock it took."""
-    with _watched_lock:
-        held = _watched.get(task) if task is not None else None
-        if held is not None and held.get(k, (None, None))[1] is hold:
-            del held[k]
-
 
 class AsyncRLock(LockBase):
     """A reentrant, Redisson-compatible distributed lock for asyncio code.
@@ -105,12 +75,7 @@ class AsyncRLock(LockBase):
         if task is None:
             task = identity.acting_task()
         if hold.count == 1 and task is not None:
-            with _watched_lock:
-                held = _watched.get(task)
-                if held is None:
-                    held = _watched[task] = {}
-                    task.add_done_callback(_task_ended)
-                held[k] = (self, hold)
+            taskholds.watch(task, k, self, hold)
         return hold
 
     def _grant_callback(self, k: HoldKey, lease_ms: int | None,
@@ -121,7 +86,7 @@ class AsyncRLock(LockBase):
         return lambda grant_ms=None, since=None: self._acquired(
             k, lease_ms, t0, grant_ms=grant_ms, since=t0 if since is None else since, task=task)
 
-    def _task_done(self, k: HoldKey, hold: Any) -> None:
+    def task_done(self, k: HoldKey, hold: Any) -> None:
         """Its owner task finished while still holding: nobody can ever release it as that
         owner (task numbers are never reused), so it would be renewed forever."""
         if watchdog().get(k) is not hold or hold.lost:
@@ -239,7 +204,7 @@ class AsyncRLock(LockBase):
             raise
         ttl = self._ttl_of(reply)
         err = self._shortfall(acked, target, connected, "an acquire") if ttl is None else None
-        if err is not None:
+        if err is not None and not await self._recounted(acked):
             await acall_once(self._client, self._RELEASE, self._release_keys,
                              self._release_args(k[2], args[0]))
             raise err
@@ -252,9 +217,12 @@ class AsyncRLock(LockBase):
         r, acked = await acall_once(self._client, self._RELEASE, self._release_keys, args,
                                     self._wait_args(target))
         err = self._shortfall(acked, target, connected, "a release")
-        if err is not None and r is not None:
+        if err is not None and r is not None and not await self._recounted(acked):
             self._release_unsynced(err)
         return r
+
+    async def _recounted(self, acked: Any) -> bool:
+        return await replicas.arecounted(self._client, self._server, acked, self._sync_target)
 
     async def _undo_cancelled(self, fut: asyncio.Future[Any], owner: str) -> None:
         """The caller was cancelled with an acquire in flight: if it took the lock, give it
@@ -283,9 +251,7 @@ class AsyncRLock(LockBase):
 
     @staticmethod
     def _spawn(coro: Any) -> None:
-        task = asyncio.ensure_future(coro)
-        _background.add(task)
-        task.add_done_callback(_background.discard)
+        taskholds.keep(asyncio.ensure_future(coro))
 
     async def _acquire(self, wait: float | None, lease_ms: int | None) -> bool:
         t0 = time.monotonic()
@@ -410,8 +376,7 @@ class AsyncRLock(LockBase):
             # would have been (invariant 8), and book it when it lands.
             fut = asyncio.ensure_future(self._send_release(plan.args, *target))
             fut.add_done_callback(lambda f: self._book(plan, f, task))
-            _background.add(fut)
-            fut.add_done_callback(_background.discard)
+            taskholds.keep(fut)
             raise
         except BaseException as exc:
             if isinstance(exc, (RedisConnectionError, RedisTimeoutError)):
@@ -442,7 +407,7 @@ class AsyncRLock(LockBase):
     def _settled(self, plan: Any, r: Any, task: Any) -> Any:
         orphan = self._release_done(plan, r)
         if plan.hold is not None and watchdog().get(plan.k) is not plan.hold:
-            _unwatch(plan.k, plan.hold, task)  # (a cancelled release too, once it lands)
+            taskholds.unwatch(plan.k, plan.hold, task)  # (a cancelled release too, once it lands)
         return orphan
 
     def _book(self, plan: Any, fut: asyncio.Future[Any], task: Any) -> None:

@@ -17,7 +17,6 @@ from types import TracebackType
 from typing import Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import identity, leases, records, replicas, waiters, wakeline
@@ -94,14 +93,7 @@ class RLock(LockBase):
         return n, self._sync_target(n)
 
     def _recounted(self, acked: Any) -> bool:
-        """Too few acknowledgements: true if the master, probed again, has no more replicas
-        now than acknowledged (invariant 46). The count probed before a Sentinel failover
-        names the service, not the master: the new one may have fewer replicas, or none."""
-        try:
-            target = self._sync_target(replicas.connected(self._client, self._server) or 0)
-        except RedisError:
-            return False  # the shortfall stands
-        return target is None or int(acked) >= target[1]
+        return replicas.recounted(self._client, self._server, acked, self._sync_target)
 
     def _connected_after(self, exc: Exception) -> int:
         """The replica probe found no master (a read, so safe to repeat): on a cluster, its

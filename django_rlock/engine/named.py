@@ -15,7 +15,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from . import events, waiters
+from . import events, taskholds, waiters
 from .clients import SlotBound, async_twin, is_cluster_node, sync_twin
 from .flavours import check_client
 from .lock import check_name, check_seconds
@@ -31,9 +31,6 @@ logger = logging.getLogger("django_rlock")
 #: count changed by hand or by a client that does not publish, or an expiry nobody reclaimed
 #: yet would otherwise leave it waiting for a message that never comes.
 RECHECK = 5.0
-
-#: Background tasks (permits given back after a twice-cancelled acquire): kept alive.
-_background: set[asyncio.Future[Any]] = set()
 
 # KEYS, ARGV and the reply: in each file's header.
 SEMAPHORE_FORCE = source("sem_force")
@@ -227,6 +224,4 @@ async def uncancellable(send: Callable[[], Awaitable[int | None]],
 def undo_later(fut: asyncio.Future[Any], undo: Callable[[], Awaitable[Any]]) -> None:
     if fut.cancelled() or fut.exception() is not None or fut.result() is not None:
         return
-    task = asyncio.ensure_future(undo())
-    _background.add(task)
-    task.add_done_callback(_background.discard)
+    taskholds.keep(asyncio.ensure_future(undo()))  # (a permit given back: kept alive)

@@ -17,7 +17,7 @@ import logging
 import time
 from typing import Any
 
-from redis.exceptions import ResponseError
+from redis.exceptions import RedisError, ResponseError
 
 logger = logging.getLogger("django_rlock")
 
@@ -82,6 +82,27 @@ async def aconnected(client: Any, server: Any) -> int | None:
     pipe.info("replication")
     pipe.execute_command("WAIT", 0, 0)
     return _parse(server, *await pipe.execute(raise_on_error=False))
+
+
+def recounted(client: Any, server: Any, acked: Any, target_for: Any) -> bool:
+    """Too few acknowledgements (the count is forgotten by then): true if the master, probed
+    again, has no more replicas now than acknowledged (invariant 46). A Sentinel service's
+    count names the service, not the master: a new master may have fewer replicas, or none.
+    ``target_for``: the lock's ``_sync_target``."""
+    try:
+        target = target_for(connected(client, server) or 0)
+    except RedisError:
+        return False  # the shortfall stands
+    return target is None or int(acked) >= target[1]
+
+
+async def arecounted(client: Any, server: Any, acked: Any, target_for: Any) -> bool:
+    """``recounted`` on a ``redis.asyncio`` client."""
+    try:
+        target = target_for(await aconnected(client, server) or 0)
+    except RedisError:
+        return False
+    return target is None or int(acked) >= target[1]
 
 
 def forget(server: Any) -> None:

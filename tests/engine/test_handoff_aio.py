@@ -266,7 +266,7 @@ def test_a_grant_to_a_waiter_whose_loop_closed_wakes_another_waiter_when_it_laps
     monkeypatch.setattr(settings, "GRANT_LEASE", 0.5)
     monkeypatch.setattr(settings, "GRANT_WATCH", 0.6)
     name, other = "xaclosed", "another-process:7"
-    key = AsyncRLock(r, name).key
+    key = RLock(r, name).key  # (the same key as the asyncio lock's)
     r.hset(key, other, 1)
     r.pexpire(key, 30_000)
     loop_a = asyncio.new_event_loop()

@@ -317,23 +317,40 @@ def test_failover_holder_keeps_or_is_told_waiters_follow_and_fencing_holds(tmp_p
 
 
 @pytest.mark.timeout(90)
-def test_the_first_lock_after_a_failover_to_a_master_without_replicas_is_taken():
+@pytest.mark.parametrize("flavour", ["sync", "asyncio"])
+def test_the_first_lock_after_a_failover_to_a_master_without_replicas_is_taken(flavour):
     """The replica count probed before the failover names the service: the promoted master
     has no replica (the old one is dead), so WAIT 1 gets no acknowledgement. The acquire is
     probed again and stands (it was undone and refused with LockNotSyncedError, "0 of 1
     replica(s)", and every release after the failover waited out its sync timeout)."""
+    import asyncio
+
+    import redis.asyncio.sentinel
+
+    from django_rlock import AsyncRLock
+
     with SentinelTopology(replicas=1, sentinels=3) as topo:
         client = topo.master_for(socket_timeout=2.0)
-        lock = RLock(client, "after", watchdog_timeout=6.0)
-        lock.lock()  # probes the count: one replica, WAITed for
-        lock.unlock()
+
+        def take() -> bool:
+            if flavour == "sync":
+                lock = RLock(client, "after", watchdog_timeout=6.0)
+                with lock:
+                    return lock.is_held_by_current_thread() and topo.master().client().exists("after")
+
+            async def main() -> bool:
+                sentinel = redis.asyncio.sentinel.Sentinel(topo.sentinel_addresses,
+                                                           socket_timeout=2.0)
+                alock = AsyncRLock(sentinel.master_for(topo.service, socket_timeout=2.0),
+                                   "after", watchdog_timeout=6.0)
+                async with alock:
+                    return await alock.is_held_by_current_task()
+            return asyncio.run(main())
+
+        assert take()  # probes the count: one replica, WAITed for
         old = topo.master()
         topo.kill(old)
         new = topo.wait_for_failover(old)
         assert new.client().info("replication")["connected_slaves"] == 0
-        lock.lock()
-        try:
-            assert lock.is_held_by_current_thread() and new.client().exists("after")
-        finally:
-            lock.unlock()
+        assert take()
         client.close()
