@@ -19,7 +19,9 @@ import pytest
 import redis
 import redis.asyncio
 
+from django_rlock import LockNotOwnedError
 from django_rlock.engine.fair import LINE_SLACK_MS, AsyncFairLock, FairLock
+from django_rlock.engine.naming import waiting_key
 
 ROOT = Path(__file__).parents[2]
 
@@ -109,7 +111,9 @@ def test_a_sigkilled_waiters_line_goes_once_its_deadline_has_passed(r, redis_ser
     assert not r.exists(qkey(name), tkey(name), name)
     assert no_key_without_expiry(r) == []
     # The name is as new: taken at once.
-    assert FairLock(r, name).try_lock(0) is True
+    again = FairLock(r, name)
+    assert again.try_lock(0) is True
+    again.unlock()  # no hold left for the watchdog to renew in later tests
 
 
 def test_no_fair_key_is_ever_left_without_its_expiry_in_a_mixed_run(r, ar, holders):
@@ -153,12 +157,16 @@ def test_no_fair_key_is_ever_left_without_its_expiry_in_a_mixed_run(r, ar, holde
 
     async def cancelled_waiter() -> None:
         alock = AsyncFairLock(ar, name, thread_wait_time=20)
+        others = set(await ar.hkeys(waiting_key(name)))
         task = asyncio.create_task(alock.lock())
-        while await ar.llen(qkey(name)) != 2:
-            await asyncio.sleep(0.01)
+        while not (mine := set(await ar.hkeys(waiting_key(name))) - others):
+            await asyncio.sleep(0.01)  # in line and recorded (invariant 41)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+        token = mine.pop()
+        while await ar.hexists(waiting_key(name), token):
+            await asyncio.sleep(0.01)  # its record out: nothing of it left in flight
         await ar.aclose()
 
     asyncio.run(cancelled_waiter())
@@ -167,6 +175,8 @@ def test_no_fair_key_is_ever_left_without_its_expiry_in_a_mixed_run(r, ar, holde
     assert got3() is True
     assert not r.exists(qkey(name), tkey(name))
     w3.call(lock.unlock)
+    with pytest.raises(LockNotOwnedError):  # w1's hold, forced: forgotten, not renewed later
+        w1.call(lock.unlock)
     stop.set()
     sampler.join(10)
     assert samples[0] > 50
