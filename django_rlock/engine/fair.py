@@ -31,6 +31,10 @@ Where this port differs from Redisson (on purpose):
   spins).
 * A waiter that gives up while first in line, and a script that drops a dead head, wake the
   new head if the lock is free (Redisson leaves it to its PTTL bound).
+* The queue and timeout keys expire at their last deadline plus ``LINE_SLACK_MS``, set by
+  every script that leaves anyone in line (Redisson's never expire: a line whose waiters died
+  stayed until someone took the same name again). A dead waiter still holds a free lock from
+  the waiters behind it until its deadline (docs/engine.md, "Not done yet").
 """
 
 from __future__ import annotations
@@ -61,11 +65,17 @@ from .watchdog import HoldKind
 logger = logging.getLogger("django_rlock")
 
 # -- Lua: ``lua/fair_*.lua`` (KEYS, ARGV and the reply in each file's header) ------------------
-FAIR_ACQUIRE = source("fair_acquire")
-FAIR_RELEASE = source("fair_release")
-FAIR_FORCE = source("fair_force")
-FAIR_END = source("fair_end")
-FAIR_GIVE_UP = source("fair_give_up")
+#: How long (ms) the queue and timeout keys outlive the last deadline in them (``keep()`` in
+#: ``lua/_fair.lua``). Every script that leaves a line sets both keys to expire then: by that
+#: time every waiter in it is one the next script would drop, so the line of a lock nobody
+#: takes again does not stay in Redis for ever. The slack only absorbs rounding.
+LINE_SLACK_MS = 1000
+
+FAIR_ACQUIRE = source("fair_acquire", SLACK_MS=LINE_SLACK_MS)
+FAIR_RELEASE = source("fair_release", SLACK_MS=LINE_SLACK_MS)
+FAIR_FORCE = source("fair_force", SLACK_MS=LINE_SLACK_MS)
+FAIR_END = source("fair_end", SLACK_MS=LINE_SLACK_MS)
+FAIR_GIVE_UP = source("fair_give_up", SLACK_MS=LINE_SLACK_MS)
 
 FAIR_ACQUIRE_SCRIPT = Script(FAIR_ACQUIRE)
 FAIR_RELEASE_SCRIPT = Script(FAIR_RELEASE)
@@ -148,7 +158,8 @@ class FairLock(_Fair, RLock):
 
     ``thread_wait_time`` (seconds): how long a waiter may stand first in line without taking
     the lock before it is taken for dead and dropped (Redisson's ``fairLockWaitTimeout``); a
-    waiter that crashes holds the line up for at most that long. A live waiter dropped that
+    waiter that crashes holds the line up (the lock free, nobody let in) for at most that long,
+    or its wait budget when shorter. A live waiter dropped that
     way (a lock held longer than this) joins again at the back on its next attempt.
     ``try_lock(0)`` / ``acquire(blocking=False)`` make one attempt and never queue: they get
     the lock only if it is free and nobody waits.

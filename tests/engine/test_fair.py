@@ -27,7 +27,7 @@ from django_rlock.engine.fair import (
 )
 from django_rlock.engine.identity import thread_owner
 from django_rlock.engine.lockinfo import describes, parse_entry
-from django_rlock.engine.naming import fair_waiter_channel, index_key, lock_channel
+from django_rlock.engine.naming import fair_waiter_channel, index_key, lock_channel, waiting_key
 from django_rlock.engine.scripts import call
 from tests.conftest import script_calls
 
@@ -267,7 +267,11 @@ def test_a_release_wakes_exactly_the_next_waiter_on_its_own_channel(r, holders):
     owners = queue(r, name)
     channels = [fair_waiter_channel(name, o) for o in owners]
     until(lambda: all(n == 1 for _, n in r.pubsub_numsub(*channels)), what="subscriptions")
-    # Let every waiter's post-subscribe retry land, then count from a quiet state.
+    # Every waiter's retry after subscribing has landed once it is recorded (invariant 41);
+    # then count from a quiet state, the scripts loaded (a first use is NOSCRIPT + EVAL).
+    until(lambda: r.hlen(waiting_key(name)) == 4, what="every waiter's retry")
+    for script in (FAIR_ACQUIRE_SCRIPT, FAIR_RELEASE_SCRIPT):
+        r.script_load(script.source)
     before = -1
     while before != script_calls(r):
         before = script_calls(r)

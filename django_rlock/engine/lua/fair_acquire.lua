@@ -6,11 +6,12 @@
 -- Reply: nil = acquired (new or reentrant); else how long (ms) the caller may park at most:
 -- the holder's PTTL (-1: no expiry), or, the lock being free with another waiter first in
 -- line, that waiter's time left (capped by the caller's lease).
+-- A line left behind expires at its last deadline plus the slack (`keep`); with nobody in
+-- line (the uncontended path) the queue costs one LINDEX.
 
 -- #include fair
 
-local pruned = prune()
-local head = redis.call('lindex', KEYS[4], 0)
+local pruned, head = prune()
 local free = redis.call('exists', KEYS[1]) == 0
 if free and (not head or head == ARGV[2]) then
   if head then
@@ -21,6 +22,7 @@ if free and (not head or head == ARGV[2]) then
       local rest = redis.call('zrange', KEYS[5], 0, -1)
       for i = 1, #rest do redis.call('zincrby', KEYS[5], -wait, rest[i]) end
     end
+    keep()
   end
   redis.call('hincrby', KEYS[1], ARGV[2], 1)
   redis.call('pexpire', KEYS[1], ARGV[1])
@@ -31,12 +33,16 @@ end
 if redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
   redis.call('hincrby', KEYS[1], ARGV[2], 1)
   redis.call('pexpire', KEYS[1], ARGV[1])
+  if head then keep() end
   return nil
 end
-if pruned > 0 and free then notify(ARGV[5]) end
+if pruned > 0 and free then notify(ARGV[5], head) end
 local pttl = redis.call('pttl', KEYS[1])
 local wait = tonumber(ARGV[4])
-if wait == 0 then return math.max(0, pttl) end
+if wait == 0 then
+  if head then keep() end
+  return math.max(0, pttl)
+end
 if not redis.call('zscore', KEYS[5], ARGV[2]) then
   local last = redis.call('lindex', KEYS[4], -1)
   local base = last and tonumber(redis.call('zscore', KEYS[5], last))
@@ -45,6 +51,7 @@ if not redis.call('zscore', KEYS[5], ARGV[2]) then
     redis.call('rpush', KEYS[4], ARGV[2])
   end
 end
+keep()
 if free then
   local s = tonumber(redis.call('zscore', KEYS[5], head)) or now
   return math.max(0, math.min(s - now, tonumber(ARGV[1])))

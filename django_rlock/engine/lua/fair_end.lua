@@ -9,6 +9,7 @@
 if redis.call('hexists', KEYS[1], ARGV[1]) == 0 then return 0 end
 redis.call('del', KEYS[1])
 redis.call('hdel', KEYS[3], KEYS[1])
-prune()
-notify(ARGV[2])
+local _, head = prune()
+if head then keep() end
+notify(ARGV[2], head)
 return 1

@@ -1,5 +1,5 @@
 -- FairLock's force unlock (Redisson's): the queue stays, its head is woken. A key recreated as
--- something else since a listing read it is left alone.
+-- something else since a listing read it is left alone (its line still loses its dead waiters).
 -- KEYS[1] lock hash, KEYS[2] lock channel (a waiter's is KEYS[2] .. ':' .. owner), KEYS[3] index,
 -- KEYS[4] queue list, KEYS[5] timeout zset.
 -- ARGV[1] message.
@@ -7,11 +7,12 @@
 
 -- #include fair
 
+local _, head = prune()
+if head then keep() end
 if redis.call('type', KEYS[1]).ok ~= 'hash' then return 0 end
-prune()
 redis.call('hdel', KEYS[3], KEYS[1])
 if redis.call('del', KEYS[1]) == 1 then
-  notify(ARGV[1])
+  notify(ARGV[1], head)
   return 1
 end
 return 0

@@ -7,9 +7,10 @@
 
 -- #include fair
 
-prune()
+local _, head = prune()
+if head then keep() end
 if redis.call('exists', KEYS[1]) == 0 then
-  notify(ARGV[3])
+  notify(ARGV[3], head)
   return nil
 end
 if redis.call('hexists', KEYS[1], ARGV[1]) == 0 then return nil end
@@ -19,5 +20,5 @@ if redis.call('hincrby', KEYS[1], ARGV[1], -1) > 0 then
 end
 redis.call('del', KEYS[1])
 redis.call('hdel', KEYS[3], KEYS[1])
-notify(ARGV[3])
+notify(ARGV[3], head)
 return 1
