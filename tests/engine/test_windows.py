@@ -179,10 +179,18 @@ def test_read_and_write_holds_honour_max_hold(r):
     rw = ReadWriteLock(r, "rwm", watchdog_timeout=3.0, max_hold=1.0)
     rw.read_lock().lock()
     writer = ReadWriteLock(r, "rwm").write_lock()
-    t0 = time.monotonic()
-    assert writer.try_lock(wait_time=5)
-    assert time.monotonic() - t0 < 3.0 and rw.read_lock().is_lost()
-    writer.unlock()
+    got: list[float] = []
+
+    def write() -> None:  # another owner (this thread asking would be an upgrade: refused)
+        t0 = time.monotonic()
+        if writer.try_lock(wait_time=5):
+            got.append(time.monotonic() - t0)
+            writer.unlock()
+
+    t = threading.Thread(target=write)
+    t.start()
+    t.join(10)
+    assert got and got[0] < 3.0 and rw.read_lock().is_lost()
 
 
 @pytest.mark.parametrize("bad, error", [(-1, ValueError), (0, ValueError),
