@@ -116,6 +116,14 @@ def holders() -> Iterator[Callable[[], Holder]]:
         h.close()
 
 
+def inner_commands(client: redis.Redis) -> dict[str, int]:
+    """Commands run since the last ``CONFIG RESETSTAT``, by name, without the client's and the
+    test's own (scripts, WAIT, the replica probe...): what the scripts ran inside."""
+    own = {"evalsha", "eval", "info", "wait", "config", "hello", "ping", "client"}
+    calls = {k.removeprefix("cmdstat_"): v["calls"] for k, v in client.info("commandstats").items()}
+    return {k: n for k, n in calls.items() if k.split("|")[0] not in own}  # (6.2: no "|sub")
+
+
 def script_calls(client: redis.Redis) -> int:
     """EVAL + EVALSHA commands the clients sent (script-inner commands are not counted here)."""
     stats = client.info("commandstats")

@@ -13,7 +13,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 import redis
@@ -22,6 +21,8 @@ import redis.asyncio
 from django_rlock import LockNotOwnedError
 from django_rlock.engine.fair import LINE_SLACK_MS, AsyncFairLock, FairLock
 from django_rlock.engine.naming import waiting_key
+from tests.conftest import inner_commands
+from tests.engine.test_fair import server_ms, until
 
 ROOT = Path(__file__).parents[2]
 
@@ -37,19 +38,6 @@ def qkey(name: str) -> str:
 
 def tkey(name: str) -> str:
     return f"redisson_lock_timeout:{{{name}}}"
-
-
-def server_ms(r: redis.Redis) -> float:
-    s, us = r.time()
-    return s * 1000 + us / 1000
-
-
-def until(check: Any, timeout: float = 30.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 def line_problem(r: redis.Redis, name: str) -> str | None:
@@ -212,8 +200,5 @@ def test_an_uncontended_fair_pair_spends_nothing_on_the_line(r):
     r.config_resetstat()
     lock.lock()
     lock.unlock()
-    own = {"evalsha", "info", "wait", "config", "hello", "ping", "client"}
-    inner = {k.removeprefix("cmdstat_"): v["calls"] for k, v in r.info("commandstats").items()}
-    inner = {k: n for k, n in inner.items() if k.split("|")[0] not in own}
-    assert inner == {"time": 2, "lindex": 2, "exists": 2, "hincrby": 2, "pexpire": 1,
+    assert inner_commands(r) == {"time": 2, "lindex": 2, "exists": 2, "hincrby": 2, "pexpire": 1,
                      "hset": 1, "hexists": 1, "del": 1, "hdel": 1}
