@@ -321,5 +321,5 @@ def test_a_client_of_the_wrong_flavour_is_refused_before_any_command(redis_serve
     AsyncSemaphore(aclient, "w", sync_client=r)
     AsyncRLock(aclient, "w", sync_client=r)
     calls = {k: v["calls"] for k, v in r.info("commandstats").items()
-             if k not in ("cmdstat_info", "cmdstat_config|resetstat")}
+             if k.split("|")[0] not in ("cmdstat_info", "cmdstat_config")}  # (6.2: no "|sub")
     assert calls == {}, calls
