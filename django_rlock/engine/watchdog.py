@@ -17,6 +17,8 @@ counted and reported (a rate-limited WARNING): the process holds more than it ca
 
 A hold whose thread has ended is not renewed but released at its next due time (a WARNING
 names the lock and the thread): nobody can ever unlock it, since owner ids are never reused.
+
+When nothing is due, the same thread starts the index sweep's rounds (``sweep``) on the pool.
 """
 
 from __future__ import annotations
