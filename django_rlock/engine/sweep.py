@@ -158,6 +158,13 @@ class Sweeper:
         with self._cond:
             return list(self._targets)
 
+    def forget(self) -> None:
+        """Sweep nothing until the next acquire (a test suite's emptied server: its command
+        counts must not catch a round left over from an earlier test)."""
+        with self._cond:
+            self._targets.clear()
+            self._next = math.inf
+
     def tick(self, now: float, submit: Callable[[Callable[[], None]], None]) -> float:
         """(Under the lock, from the watchdog's thread when nothing is due.) Start a round on
         the pairs due; returns when to be called again (inf: a round's end wakes the thread)."""
@@ -165,7 +172,7 @@ class Sweeper:
             return math.inf if self._busy else self._next
         due = [t for t in self._targets.values() if t.due <= now]
         if not due:
-            self._next = min(t.due for t in self._targets.values())
+            self._next = min((t.due for t in self._targets.values()), default=math.inf)
             return self._next
         self._busy = True
         submit(lambda: self._run(due))
@@ -194,7 +201,7 @@ class Sweeper:
                     t.due = now + wait
                 for t in due:  # an error raised past the loop: try again a period later
                     t.due = max(t.due, now + HURRY)
-                self._next = min(t.due for t in self._targets.values())
+                self._next = min((t.due for t in self._targets.values()), default=math.inf)
                 self._busy = False
                 self._cond.notify()
 
