@@ -21,6 +21,7 @@ from django_rlock.engine import sweep
 from django_rlock.engine.listing import Locks
 from django_rlock.engine.naming import index_key
 from django_rlock.engine.watchdog import watchdog
+from django_rlock.testing import RedisServer, free_port
 
 
 @pytest.fixture
@@ -135,6 +136,7 @@ from django_rlock import RLock
 from django_rlock.engine import sweep
 from django_rlock.engine.listing import Locks
 from django_rlock.engine.watchdog import watchdog
+from django_rlock.testing import RedisServer, free_port
 sweep.PERIOD = sweep.HURRY = 0.01
 r = redis.Redis(unix_socket_path={redis_server.socket!r})
 Locks(r, "sw5:").names()  # listing, and a lock object never used, start nothing
@@ -170,3 +172,26 @@ def test_a_server_that_is_down_is_reported_once_and_renewals_go_on(r, own_server
     failed = [rec for rec in caplog.records if "index sweep" in rec.getMessage()]
     assert failed and sum(rec.levelno >= logging.WARNING for rec in failed) <= 1
     held.unlock()
+
+
+
+def test_a_server_turned_replica_fails_its_rounds_quietly(own_server, fast, caplog):
+    """A failover made the server this process locked on a replica: its prune is refused
+    (READONLY); the round fails, is logged rarely, and nothing else changes."""
+    other = own_server.client()
+    RLock(other, "there", prefix="sw7:").lock(lease_time=0.05)
+    with RedisServer(port=free_port(), args=["--repl-diskless-sync-delay", "0"]) as master:
+        m = master.client()
+        m.hset(index_key("sw7:"), "sw7:gone", "x")  # a stale entry the replica copies
+        other.replicaof("127.0.0.1", master.port)
+        assert until(lambda: other.hexists(index_key("sw7:"), "sw7:gone"))
+        rounds = watchdog().sweeper.rounds
+        with caplog.at_level(logging.DEBUG, logger="django_rlock"):
+            assert until(lambda: watchdog().sweeper.rounds - rounds >= 5)
+        failed = [rec.getMessage() for rec in caplog.records if "index sweep" in rec.getMessage()]
+        assert any("ReadOnlyError" in msg for msg in failed), failed
+        assert sum(rec.levelno >= logging.WARNING for rec in caplog.records
+                   if "index sweep" in rec.getMessage()) <= 1
+        assert other.hexists(index_key("sw7:"), "sw7:gone")  # refused, not half done
+        other.replicaof("no", "one")
+        m.close()
