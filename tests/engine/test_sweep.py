@@ -58,7 +58,7 @@ def test_expired_leases_leave_the_index_within_a_few_rounds_without_any_listing(
         RLock(r, n, prefix="sw1:").lock(lease_time=30)
     idx = index_key("sw1:")
     assert r.hlen(idx) == 300
-    assert ("sw1:" in {p for _, p in watchdog().sweeper.targets()})
+    assert "sw1:" in {p for _, p in watchdog().sweeper.targets()}
     expire_all(r, ["sw1:" + n for n in names])
     rounds = watchdog().sweeper.rounds
     assert until(lambda: r.hlen(idx) == 0), r.hlen(idx)
