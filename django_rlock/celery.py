@@ -187,7 +187,8 @@ class _Mark:
     """A running task's claim on its de-dup mark, renewed by this process's watchdog."""
 
     def __init__(self, spec: Any, task: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        client, prefix, self.watchdog_timeout = spec.where()
+        client, self.prefix, self.watchdog_timeout = spec.where()
+        prefix = self.prefix
         call_args = args[1:] if args and args[0] is task else args
         self.key = prefix + dedupe_name(task, call_args, kwargs)
         #: Idempotent scripts go through ``client`` (a cluster client follows a moved slot);
@@ -203,7 +204,8 @@ class _Mark:
         ms = max(1, math.ceil(self.watchdog_timeout * 1000))
         if call_once(self.client, MARK_CLAIM_SCRIPT, self.keys,
                      (self.field, ms, taskmark.entry(self.field, taskmark.RUNNING, self.name))) is None:
-            watchdog().acquired(self.k, self.client, self.key, ms, True, self.watchdog_timeout, None)
+            watchdog().acquired(self.k, self.client, self.key, ms, True, self.watchdog_timeout, None,
+                                prefix=self.prefix)
             self.held = True
         # else: an identical task holds it (ours expired in the queue); leave it alone
 

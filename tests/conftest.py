@@ -15,6 +15,7 @@ from django_rlock.engine.scripts import (
     RELEASE_SCRIPT,
     RENEW_SCRIPT,
 )
+from django_rlock.engine.watchdog import watchdog
 from tests.redis_server import RedisServer
 
 
@@ -36,6 +37,14 @@ def r(redis_server: RedisServer) -> Iterator[redis.Redis]:
     client.config_resetstat()
     yield client
     client.close()
+
+
+@pytest.fixture(autouse=True)
+def _no_index_sweep_left_over() -> None:
+    """The index sweep (``engine/sweep.py``) runs a round 10 s after a process's first acquire
+    on a server and prefix, then every 10 s: rounds for earlier tests' servers and prefixes are
+    dropped, so a test's command counts see only its own (a test shorter than 10 s, none)."""
+    watchdog().sweeper.forget()
 
 
 @pytest.fixture

@@ -378,7 +378,7 @@ class LockBase(releasing.Releasing, waiters.Noting, SlotBound):
                                    self._watchdog_ms if renew else lease_ms, renew,
                                    self.watchdog_timeout, self._on_lost, thread=thread,
                                    label=self.label, scripts_keys=self._release_keys,
-                                   kind=self._hold_kind, grant_ms=grant_ms, since=since,
+                                   kind=self._hold_kind, grant_ms=grant_ms, since=since, prefix=self.prefix,
                                    max_hold=self.max_hold, warn_after=self.warn_held_after)
         if events.listeners and hold.count == 1:
             events.emit("acquired", name=self.name, key=self.key, label=self.label, owner=k[2],

@@ -71,6 +71,7 @@ from .naming import (
     PROCESS_PREFIX,
     TOKEN_PREFIX,
     WAITING_PREFIX,
+    glob_escape,
     index_key,
     prefix_name,
     suffix_name,
@@ -96,7 +97,6 @@ MAX_FIELDS = 1024
 MAX_STRLEN = 24
 #: Fair queue entries and permit leases that ``show`` reads.
 MAX_SHOWN = 1000
-_GLOB_SPECIAL = re.compile(r"([\\*?\[\]])")
 # Keys the kinds keep next to their main key: never listed as locks of their own.
 _AUX_PREFIXES = tuple(p + ":" for p in (FAIR_QUEUE_PREFIX, FAIR_TIMEOUT_PREFIX, TOKEN_PREFIX,
                                         "redisson_unlock_latch", INDEX_PREFIX,
@@ -115,11 +115,6 @@ _RATE_VALUE = re.compile(r".*\{.*\}.*:value(:[^:]+)?", re.DOTALL)
 # does this package (``identity``). A hash with no index entry is a lock only with such fields.
 _CLIENT_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}(?![0-9a-f])",
                           re.IGNORECASE)
-
-
-def glob_escape(text: str) -> str:
-    """``text`` as a literal inside a Redis glob pattern (a prefix may contain ``*`` or ``[``)."""
-    return _GLOB_SPECIAL.sub(r"\\\1", text)
 
 
 def is_auxiliary(key: str) -> bool:

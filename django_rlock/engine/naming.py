@@ -7,6 +7,8 @@ and a Java service using Redisson contends for the very same lock.
 
 from __future__ import annotations
 
+import re
+
 LOCK_CHANNEL_PREFIX = "redisson_lock__channel"
 UNLOCK_MESSAGE = "0"
 
@@ -99,6 +101,14 @@ def index_key(prefix: str, key: str | None = None) -> str:
     if key is None:
         return f"{INDEX_PREFIX}:{prefix}"
     return _own(f"{INDEX_PREFIX}:{prefix}", key)
+
+
+_GLOB_SPECIAL = re.compile(r"([\\*?\[\]])")
+
+
+def glob_escape(text: str) -> str:
+    """``text`` as a literal inside a Redis glob pattern (a prefix may contain ``*`` or ``[``)."""
+    return _GLOB_SPECIAL.sub(r"\\\1", text)
 
 
 #: What a listing shows about a process (pid, label, host), written once per process and

@@ -140,7 +140,8 @@ class _PermitsBase(Named):
             self.watchdog_timeout, None, label=self.label, scripts_keys=self._keys,
             kind=HoldKind(PES_RENEW_SCRIPT, self.timeout_key, PES_RELEASE_SCRIPT,
                           (permit_id, *self._release_extra)),
-            since=sent, max_hold=self.max_hold, warn_after=self.warn_held_after)
+            since=sent, max_hold=self.max_hold, warn_after=self.warn_held_after,
+            prefix=self.prefix)
         return time.monotonic() - sent <= self._watchdog_ms / 2000.0
 
     def _late_checked(self, permit_id: str, sent: float, reply: Any) -> int | None:

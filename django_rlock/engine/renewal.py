@@ -275,6 +275,10 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self._wake_at = math.inf  # when the sleeping sweep wakes (0: it is not asleep)
         self.stopped = False
+        #: Side work when nothing is due (the index sweep, ``sweep.Sweeper.tick``): called under
+        #: the lock as ``idle(now, submit)``, it hands its work to ``submit`` (a pool thread) and
+        #: returns when it wants to be called again (inf: never, unless woken).
+        self.idle: Callable[[float, Callable[[Callable[[], None]], None]], float] | None = None
 
     def schedule(self, hold: Any, due: float, slack: float) -> None:
         """(Under the lock.) ``hold`` is next due at ``due``; the sweep wakes for it if it
@@ -323,6 +327,8 @@ class Scheduler:
                         run_on(self._pool, self._notify, notes)
                 if not start and not more:
                     next_at = self._timeline.next_at()
+                    if self.idle is not None:
+                        next_at = min(next_at, self.idle(now, self._submit))
                     self._wake_at = next_at
                     self._cond.wait(None if next_at == float("inf") else max(0.0, next_at - now))
                     self._wake_at = 0.0
@@ -332,6 +338,12 @@ class Scheduler:
                 run_on(self._pool, self._drain, server)  # type: ignore[arg-type]
             if more:
                 time.sleep(0)  # let the acquires waiting on the lock in before the next take
+
+    def _submit(self, fn: Callable[[], None]) -> None:
+        """(Under the lock.) ``fn`` on the pool, made on first use."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="django-rlock-renew")
+        run_on(self._pool, fn)
 
     def _take(self, now: float, notes: list[Any]) -> tuple[list[tuple[Any, ...]], bool]:
         """(Under the lock.) Take up to ``TAKE_LIMIT`` due holds off the timeline: queue each

@@ -17,6 +17,8 @@ counted and reported (a rate-limited WARNING): the process holds more than it ca
 
 A hold whose thread has ended is not renewed but released at its next due time (a WARNING
 names the lock and the thread): nobody can ever unlock it, since owner ids are never reused.
+
+When nothing is due, the same thread starts the index sweep's rounds (``sweep``) on the pool.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from .clients import cluster_of, is_cluster_node, node_client, refresh
 from .holds import INF, Hold, HoldKey, HoldKind, LostCallback, server_id
 from .renewal import Lateness, Scheduler, renew_calls, results
 from .scripts import Script
+from .sweep import Sweeper
 
 logger = logging.getLogger("django_rlock")
 
@@ -72,6 +75,9 @@ class Watchdog:
         #: The sweep thread, the holds' due times and each server's queue and drain.
         self._sched = Scheduler(self._wakeup, self._holds, self._send, server_id, self.alarm,
                                 self.notify)
+        #: The index sweep of the servers and prefixes this process acquired on (``sweep``).
+        self.sweeper = Sweeper(self._wakeup)
+        self._sched.idle = self.sweeper.tick
         #: Round trips and renewed keys since start (read by tests and the benchmark).
         self.round_trips = 0
         self.renewed = 0
@@ -87,7 +93,8 @@ class Watchdog:
                  thread: threading.Thread | None = None, label: str | None = None,
                  scripts_keys: tuple[Any, ...] = (), kind: HoldKind | None = None,
                  grant_ms: int | None = None, since: float | None = None,
-                 max_hold: float | None = None, warn_after: float | None = None) -> Hold:
+                 max_hold: float | None = None, warn_after: float | None = None,
+                 prefix: str | None = None) -> Hold:
         """Record a successful acquire, before the result is handed back to the caller.
 
         ``thread``: the owner thread, watched so its hold is released if it ends holding.
@@ -100,6 +107,7 @@ class Watchdog:
         two must not believe in time it does not have (invariant 31).
         ``max_hold`` / ``warn_after``: the hold's time windows (``windows``), counted from its
         first acquire; a reentry may narrow ``max_hold``, never widen it.
+        ``prefix``: the lock's, whose index on this server the sweep keeps clean (``sweep``).
         """
         now = time.monotonic()
         base = now if since is None else min(since, now)
@@ -163,6 +171,8 @@ class Watchdog:
                                        max(hold.valid_until, base + hold.lease_ms / 1000.0))
             if due is not None:
                 self._sched.schedule(hold, due, slack)
+            if prefix is not None:
+                self.sweeper.note(client, k[0], prefix)
             self._sched.start()
             return hold
 
