@@ -365,16 +365,13 @@ def decorator(spec: LockSpec) -> Callable[[F], F]:
                 f"{func.__qualname__}(): only a Celery task can retry; a view answers "
                 f"{spec.busy_status_text()} with Retry-After by default (or use wait=, or "
                 f"on_busy='raise')")
-        if spec.dedupe and first == "request":
-            raise TypeError(f"{spec.decorator}({spec.label!r}, dedupe=True) on the view "
-                            f"{func.__qualname__}(): de-duplication is for Celery tasks "
-                            f"(@shared_task(bind=True, base=LockedTask) outermost)")
         times = spec.hold_times if spec.hold_at_least is None else None
 
         # Everything a call needs that depends on the function only is decided here, once.
         name_of = spec.name_builder(func, sig)
         fenced = spec.kind == "fenced"
         windowed = spec.hold_at_least is not None
+        dedupe_untold = spec.dedupe  # a call outside any task: dedupe does nothing, told once
 
         if inspect.iscoroutinefunction(func):
             @functools.wraps(func)
@@ -427,9 +424,16 @@ def decorator(spec: LockSpec) -> Callable[[F], F]:
         else:
             @functools.wraps(func)
             def sync_wrapper(*args: Any, **kwargs: Any) -> Any:
+                nonlocal dedupe_untold
                 name = name_of(args, kwargs)
                 # A view's call (a request first) is never a task's: no task lookup for it.
                 task = None if args and _is_request(args[0]) else _task_of(args, sync_wrapper)
+                if dedupe_untold and task is None:
+                    dedupe_untold = False
+                    logger.warning("django-rlock: %s(%r, dedupe=True) does nothing for %s(), "
+                                   "called outside any Celery task: it refuses a task's "
+                                   "duplicate enqueues (@shared_task(bind=True, base=LockedTask) "
+                                   "outermost)", spec.decorator, spec.label, func.__qualname__)
                 if task is not None and _task_hooks is not None:
 
                     def busy_in_task(busy: LockBusy) -> Any:

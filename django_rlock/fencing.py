@@ -36,6 +36,14 @@ def _fenced(queryset: models.QuerySet[Any], token: Any, token_field: str,
     """Validate (before any query) and build the conditional queryset and its SET values."""
     if not isinstance(queryset, models.QuerySet):
         raise TypeError(f"fenced_update needs a QuerySet, not {type(queryset).__name__}")
+    query = queryset.query
+    if query.is_sliced or query.combinator:
+        # The UPDATE needs a WHERE over one table: SQL has no UPDATE of a LIMIT or a UNION.
+        # (Never repr() the queryset here: that would run it.)
+        what = (f"a {query.combinator}() of QuerySets" if query.combinator
+                else f"a sliced QuerySet [{query.low_mark}:{query.high_mark or ''}]")
+        raise TypeError(f"fenced_update cannot update {what} of {queryset.model._meta.label}: "
+                        f"filter the rows instead (e.g. .filter(pk__in=...))")
     if isinstance(token, bool) or not isinstance(token, int):
         raise TypeError(f"token must be an int (from lock_and_get_token), not "
                         f"{type(token).__name__} ({token!r})")
@@ -89,7 +97,8 @@ def fenced_update(queryset: models.QuerySet[Any], token: int, token_field: str =
     are about 1.7e15 (they start from the Redis server's clock in microseconds, so they keep
     growing after Redis loses the counter), and any other field raises ValueError. The token
     field must be a column of the queryset's own table, as must every value (no
-    multi-table-inherited parents' fields).
+    multi-table-inherited parents' fields), and the queryset a plain filter: not sliced, not
+    a ``union()`` / ``intersection()`` / ``difference()`` (TypeError).
     Bad input raises TypeError/ValueError before any query.
     """
     qs, sets = _fenced(queryset, token, token_field, values)

@@ -10,96 +10,17 @@ from __future__ import annotations
 
 import functools
 import inspect
-import string
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from .answers import HoldTimes
+from .callnames import MISSING, bound_arguments, call_fits, template_fields, template_picks
 from .engine import AsyncRLock, RLock
 from .engine.lock import check_seconds
 from .engine.windows import check_lease, check_window
 from .lockkinds import async_clients, async_lock_of_kind, check_kind, lock_of_kind
 
 ON_BUSY = ("raise", "skip", "wait", "retry")
-
-
-def _template_fields(template: str) -> list[str]:
-    """The root names a template uses: ``"r:{request.user.pk}"`` -> ``["request"]``."""
-    roots = []
-    for _, field, _, conversion in string.Formatter().parse(template):
-        if field is None:
-            continue
-        if conversion not in (None, "r", "s", "a"):  # else every call would fail
-            raise ValueError(f"lock template {template!r} converts {{{field}}} with "
-                             f"!{conversion}; the conversions are !s, !r and !a")
-        root = field.split(".", 1)[0].split("[", 1)[0]
-        if not root or root.isdigit():
-            raise ValueError(f"lock template {template!r} uses a positional field {{{field}}}; "
-                             f"name the argument instead, e.g. {{pk}}")
-        roots.append(root)
-    return roots
-
-
-#: A value no call passes (``name_builder``'s "not given").
-_MISSING: Any = object()
-
-
-def template_picks(fields: Sequence[str],
-                   sig: inspect.Signature) -> list[tuple[str, int | None, Any]] | None:
-    """How to pick each root a template uses straight from a call: ``(name, position or None,
-    default or _MISSING)``; None if some root cannot be picked so (positional-only, ``*args``
-    or ``**kwargs`` itself), and ``Signature.bind`` must do it."""
-    params = list(sig.parameters.values())
-    picks = []
-    for field in dict.fromkeys(fields):
-        param = sig.parameters.get(field)
-        if param is None:  # only through **kwargs (check_signature saw to that)
-            picks.append((field, None, _MISSING))
-        elif param.kind is param.POSITIONAL_OR_KEYWORD:
-            picks.append((field, params.index(param),
-                          _MISSING if param.default is param.empty else param.default))
-        elif param.kind is param.KEYWORD_ONLY:
-            picks.append((field, None, _MISSING if param.default is param.empty else param.default))
-        else:
-            return None
-    return picks
-
-
-def call_fits(sig: inspect.Signature) -> Callable[[tuple[Any, ...], dict[str, Any]], bool]:
-    """A quick check, planned once, that a call binds to ``sig`` (too many positional
-    arguments, an unknown or doubled keyword, a required one missing): a call that does not
-    is refused with ``Signature.bind``'s error before any Redis command, as the slow path
-    does (bad input never takes a lock)."""
-    params = list(sig.parameters.values())
-    kinds = {p.kind for p in params}
-    var_pos = inspect.Parameter.VAR_POSITIONAL in kinds
-    var_kw = inspect.Parameter.VAR_KEYWORD in kinds
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    by_keyword = {p.name: i for i, p in enumerate(positional)
-                  if p.kind is p.POSITIONAL_OR_KEYWORD}
-    by_keyword.update({p.name: -1 for p in params if p.kind is p.KEYWORD_ONLY})
-    required = [(i, p.name if p.kind is p.POSITIONAL_OR_KEYWORD else None)
-                for i, p in enumerate(positional) if p.default is p.empty]
-    required_kw = [p.name for p in params if p.kind is p.KEYWORD_ONLY and p.default is p.empty]
-    most = len(positional)
-
-    def fits(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-        n = len(args)
-        if n > most and not var_pos:
-            return False
-        for key in kwargs:
-            at = by_keyword.get(key)
-            if at is None:
-                if not var_kw:
-                    return False
-            elif 0 <= at < n:
-                return False  # given twice
-        for i, name in required:
-            if i >= n and (name is None or name not in kwargs):
-                return False
-        return all(name in kwargs for name in required_kw)
-
-    return fits
 
 
 #: ``conf.get_config`` once imported (Django settings are only read where a spec has no client).
@@ -112,6 +33,16 @@ def _settings_reader() -> Callable[[], Any]:
 
     _get_config = get_config
     return get_config
+
+
+def _settings_loaded() -> bool:
+    """Django's settings are loaded (not merely findable: reading them here would load them
+    at import, before ``django.setup()`` or ``settings.configure()``)."""
+    try:
+        from django.conf import settings
+    except ImportError:  # pragma: no cover - Django is optional with client=
+        return False
+    return bool(settings.configured)
 
 
 class _Place:
@@ -160,7 +91,7 @@ class LockSpec:
         if isinstance(template, str):
             if not template:
                 raise ValueError("lock template must not be empty")
-            self.fields = _template_fields(template)
+            self.fields = template_fields(template)
         elif callable(template):
             self.fields = []
         else:
@@ -183,8 +114,9 @@ class LockSpec:
         for what, flag in (("dedupe", dedupe), ("until_commit", until_commit),
                            ("quorum", quorum)):
             if not (isinstance(flag, bool) or (type(flag) is int and flag in (0, 1))):
-                # ('no' would be taken as yes)
-                raise TypeError(f"{what} must be True or False, not {flag!r} (lock {label!r})")
+                # ('no' would be taken as yes; 1 and 0 mean what they say)
+                raise TypeError(f"{what} must be True or False (or 1 or 0), not {flag!r} "
+                                f"(lock {label!r})")
         if not (cache is None or isinstance(cache, (str, list, tuple))):
             raise TypeError(f"cache must be a cache alias (str) or a list of them, not "
                             f"{type(cache).__name__} (lock {label!r})")
@@ -240,6 +172,24 @@ class LockSpec:
         self._settings_place: _Place | None = None
         #: Recent hold times of this template in this process: the busy answer's estimate.
         self.hold_times: HoldTimes | None = HoldTimes()
+        if client is None and cache is not None and _settings_loaded():
+            self.check_caches()  # a typo fails at import (else at the first call: ``_place``)
+
+    def check_caches(self) -> None:
+        """Each alias of ``cache=`` is one of settings.CACHES: ImproperlyConfigured naming
+        the decorator, when decorating if Django's settings are loaded by then (decorators
+        run at import), else when a call first resolves them."""
+        from django.core.exceptions import ImproperlyConfigured
+
+        from .connection import cache_alias
+
+        for alias in [self.cache] if isinstance(self.cache, str) else self.cache or ():
+            try:
+                cache_alias(alias)
+            except ImproperlyConfigured as exc:
+                raise ImproperlyConfigured(
+                    f"django-rlock: {self.decorator}({self.label!r}, cache={self.cache!r}): "
+                    f"{str(exc).removeprefix('django-rlock: ')}") from None
 
     # -- names ------------------------------------------------------------------------------
     def check_signature(self, func: Callable[..., Any], sig: inspect.Signature) -> None:
@@ -263,7 +213,7 @@ class LockSpec:
                                  f"non-empty str, not {name!r}")
             return name
         try:
-            values = bound_arguments(sig, args, kwargs)
+            values = bound_arguments(sig, args, kwargs, self.fields)
             return self.template.format_map(values)
         except (KeyError, AttributeError, IndexError, TypeError) as exc:
             raise self.name_error(func, exc) from exc
@@ -288,7 +238,7 @@ class LockSpec:
             return functools.partial(self.name_for, func, sig)
         fmt = self.template.format_map
         slow = self.name_for
-        missing = _MISSING
+        missing = MISSING
         fits = call_fits(sig)
 
         def build(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
@@ -329,6 +279,7 @@ class LockSpec:
         from .conf import lock_options
         from .connection import cache_alias, get_prefix
 
+        self.check_caches()
         cache = self.cache[0] if isinstance(self.cache, (list, tuple)) else self.cache
         alias = cache_alias(cache)
         prefix = self.prefix if self.prefix is not None else get_prefix(alias)
@@ -390,6 +341,12 @@ class LockSpec:
 
     def check_function(self, func: Callable[..., Any], sig: inspect.Signature) -> None:
         """What a decorated function must look like beyond the template's fields."""
+        view = next(iter(sig.parameters), None) == "request"
+        if self.dedupe and (view or inspect.iscoroutinefunction(func)):  # never a Celery task
+            what = "view" if view else "coroutine function"
+            raise TypeError(f"{self.decorator}({self.label!r}, dedupe=True) on the {what} "
+                            f"{func.__qualname__}(): de-duplication is for Celery tasks "
+                            f"(@shared_task(bind=True, base=LockedTask) outermost)")
         param = sig.parameters.get(FENCE_TOKEN)
         if self.kind == "fenced" and param is not None and (
                 param.default is param.empty or param.kind is param.POSITIONAL_ONLY):
@@ -468,15 +425,3 @@ def call_args(lock: Any, func: Callable[..., Any], kwargs: dict[str, Any]) -> di
     except (TypeError, ValueError):  # pragma: no cover - builtins without a signature
         takes = False
     return {**kwargs, FENCE_TOKEN: token} if takes else kwargs
-
-
-def bound_arguments(sig: inspect.Signature, args: tuple[Any, ...],
-                    kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The call's arguments by name, defaults applied, ``**kwargs`` flattened in."""
-    bound = sig.bind(*args, **kwargs)
-    bound.apply_defaults()
-    values = dict(bound.arguments)
-    for p in sig.parameters.values():
-        if p.kind is p.VAR_KEYWORD:
-            values.update(values.pop(p.name, {}))
-    return values

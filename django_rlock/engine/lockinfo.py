@@ -317,6 +317,18 @@ def seconds_left(score: Any, now_ms: float) -> float | None:
     return round(max(0.0, ms - now_ms) / 1000.0, 3)
 
 
+def permits_read(reply: Any, now_ms: float) -> tuple[int, int, list[dict[str, Any]]]:
+    """``lua/pes_peek.lua``'s reply as (permits expired, permits taken, the taken ones it
+    returned: ``id`` as 32 hex chars, ``ttl`` as ``seconds_left``); nothing for an error (the
+    key beside is no zset)."""
+    if not isinstance(reply, list) or len(reply) != 3 or not isinstance(reply[2], list):
+        return 0, 0, []
+    flat = reply[2]
+    return count_of(reply[0]), count_of(reply[1]), [
+        {"id": m.hex() if isinstance(m, bytes) else str(m), "ttl": seconds_left(text(sc), now_ms)}
+        for m, sc in zip(flat[::2], flat[1::2], strict=True)]
+
+
 def count_of(reply: Any) -> int:
     """LLEN / ZCARD reply; 0 for a wrong-type error."""
     return reply if isinstance(reply, int) and not isinstance(reply, bool) else 0

@@ -384,7 +384,9 @@ class AsyncPermitExpirableSemaphore(_PermitsBase):
 
 
 def _permits_details(probe: dict[str, Any], detail: bool) -> dict[str, Any]:
-    out: dict[str, Any] = {"permits": probe["number"], "taken": probe["taken"]}
+    # Expired permits are free (``available_permits`` counts them back first), not taken.
+    out: dict[str, Any] = {"permits": probe["number"] + probe["expired"],
+                           "taken": probe["taken"]}
     if detail:
         out["leases"] = probe["leases"]
     return out
@@ -399,7 +401,7 @@ PERMITS = declare(Kind(
     "permits", "string",
     note="Its permits and the permits taken are deleted (none are available until they are set "
          "again); whoever took permits keeps running, uncounted. Waiters are woken.",
-    open=PermitExpirableSemaphore, detect=lambda probe: bool(probe["taken"]),
+    open=PermitExpirableSemaphore, detect=lambda probe: bool(probe["taken"] or probe["expired"]),
     details=_permits_details,
     summary=lambda d: f"{d['permits']} available, {d['taken']} taken",
     lines=_permits_lines))

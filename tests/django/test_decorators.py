@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -157,6 +159,7 @@ def test_non_reentrant_locked_call_asking_again_raises_reentry_not_busy(db1):
     ({"lease": 10, "max_hold": 5}, ValueError, "longer than max_hold"),
     ({"dedupe": "yes"}, TypeError, "dedupe must be True or False"),
     ({"until_commit": "no"}, TypeError, "until_commit must be True or False"),
+    ({"dedupe": 2}, TypeError, r"dedupe must be True or False \(or 1 or 0\), not 2"),
     ({"cache": 5}, TypeError, "cache must be a cache alias"),
 ])
 def test_bad_options_are_refused_when_decorating(kwargs, error, text):
@@ -339,7 +342,8 @@ def test_names_picked_from_the_call_are_the_bound_arguments_names():
         ("r:{fmt}:{pk}", view, (), {"request": request, "pk": 1, "fmt": "x"}),
         ("u:{request.user.pk}:{pk!r}:{pk:>4}", view, (request, "9"), {}),
         ("e:{slug}", view, (request, 1), {"slug": "abc"}),  # through **extra
-        ("i:{extra[k]}", view, (request, 1), {"k": 1}),  # **kwargs itself: bound
+        ("i:{extra[k]}", view, (request, 1), {"k": 1}),  # **kwargs itself, whole: bound
+        ("i:{extra}", view, (request, 1), {"extra": 2}),  # the dict, not a keyword "extra"
         ("p:{a}:{b}:{c}:{d}", plain, (1,), {"d": 4}),  # positional-only: bound
         ("p:{c}:{d}:{rest}", plain, (1, 2, 3, 4, 5), {"d": 4}),  # *args: bound
         ("p:{c}:{d}", plain, (1, 2), {"d": 4, "c": 8}),
@@ -347,10 +351,43 @@ def test_names_picked_from_the_call_are_the_bound_arguments_names():
     for template, func, args, kwargs in cases:
         try:
             fast, bound = _both_names(template, func, *args, **kwargs)
-        except ValueError as exc:  # "i:{extra[k]}": **extra is not a name the template may use
+        except ValueError as exc:
             fast = bound = str(exc)
         assert fast == bound, (template, args, kwargs)
     assert _both_names("u:{request.user.pk}:{pk}", view, request, 3) == ("u:7:3", "u:7:3")
+    assert _both_names("i:{extra[k]}", view, request, 1, k=5) == ("i:5", "i:5")
+    assert _both_names("i:{extra}", view, request, 1, extra=2) == ("i:{'extra': 2}",) * 2
+
+
+def test_a_template_may_read_the_var_keyword_parameter_itself(db1):
+    """``"kw:{opts[mode]}"`` over ``def kw(self, **opts)``: the bound arguments hold the
+    ``**opts`` dict (every call used to fail with ``KeyError: 'opts'``), for @locked,
+    @limited and @rate_limited alike (one LockSpec)."""
+    from django_rlock import limited, rate_limited
+
+    seen: list[list[str]] = []
+
+    class Svc:
+        @locked("kw:{opts[mode]}")
+        def run(self, **opts: str) -> None:
+            seen.append(sorted(k.decode() for k in db1.keys("demo:rlock:kw*")))
+
+        @limited("lkw:{opts[mode]}", permits=1)
+        def lim(self, **opts: str) -> str:
+            return opts["mode"]
+
+        @rate_limited("rkw:{opts[mode]}", rate="5/s")
+        def rate(self, **opts: str) -> str:
+            return opts["mode"]
+
+    Svc().run(mode="fast")
+    assert seen == [["demo:rlock:kw:fast"]]
+    assert (Svc().lim(mode="a"), Svc().rate(mode="b")) == ("a", "b")
+    assert {k.decode() for k in db1.keys("demo:rlock:*kw:*")} >= {"demo:rlock:lkw:a",
+                                                                 "demo:rlock:rkw:b"}
+    with pytest.raises(ValueError, match=r"cannot build the lock name 'kw:\{opts\[mode\]\}' "
+                                         r"for .*Svc.run\(\): KeyError: 'mode'"):
+        Svc().run(speed=1)
 
 
 def test_a_name_that_cannot_be_built_fails_the_same_either_way():
@@ -412,19 +449,81 @@ def test_settings_changed_after_decorating_are_followed(settings, redis_server, 
     assert where(1) == ["demo:rlock:moved:1"]
 
 
-def test_an_unknown_cache_alias_fails_at_the_call_until_it_exists(settings, redis_server):
+def test_an_unknown_cache_alias_fails_when_decorating_naming_the_decorator(r):
+    from django.core.exceptions import ImproperlyConfigured
+
+    from django_rlock import limited, rate_limited
+
+    for make, text in [(lambda: locked("a:{n}", cache="nope"), r"@locked\('a:\{n\}', cache='nope'\)"),
+                       (lambda: locked("a:{n}", cache=["default", "nope"]),
+                        r"@locked\('a:\{n\}', cache=\['default', 'nope'\]\)"),
+                       (lambda: limited("l:{n}", permits=1, cache="nope"),
+                        r"@limited\('l:\{n\}', cache='nope'\)"),
+                       (lambda: rate_limited("r:{n}", cache="nope"),
+                        r"@rate_limited\('r:\{n\}', cache='nope'\)")]:
+        with pytest.raises(ImproperlyConfigured, match=text + ": the cache alias 'nope' is not in "
+                                                       r"settings.CACHES \(set cache= to one of"):
+            make()
+    assert script_calls(r) == 0  # refused before any Redis command
+
+
+def test_an_alias_gone_after_decorating_fails_at_the_call_until_it_is_back(settings,
+                                                                           redis_server):
     from django.core.exceptions import ImproperlyConfigured
 
     from tests.django.conftest import caches_for
+
+    settings.CACHES = {**caches_for(redis_server), "later": caches_for(redis_server)["default"]}
 
     @locked("a:{n}", cache="later")
     def job(n: int) -> int:
         return n
 
-    with pytest.raises(ImproperlyConfigured, match="later"):
+    assert job(1) == 1
+    settings.CACHES = caches_for(redis_server)
+    with pytest.raises(ImproperlyConfigured, match=r"@locked\('a:\{n\}', cache='later'\): the "
+                                                   "cache alias 'later' is not in"):
         job(1)
     settings.CACHES = {**caches_for(redis_server), "later": caches_for(redis_server)["default"]}
     assert job(1) == 1
+
+
+def test_an_alias_decorated_before_the_settings_load_is_checked_at_the_first_call():
+    """Decorators run at import, maybe before ``django.setup()``: the check then waits for
+    the first call (reading the settings at import would load them too early)."""
+    code = ("from django_rlock import locked\n"
+            "job = locked('a:{n}', cache='nope')(lambda n: n)\n"
+            "from django.conf import settings\n"
+            "settings.configure(CACHES={'default': {'BACKEND': "
+            "'django.core.cache.backends.locmem.LocMemCache'}})\n"
+            "import django; django.setup()\n"
+            "try:\n    job(1)\nexcept Exception as e:\n    print(type(e).__name__, e)\n")
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert out.stdout.startswith("ImproperlyConfigured django-rlock: @locked('a:{n}', "
+                                 "cache='nope'): the cache alias 'nope' is not in"), out.stderr
+
+
+def test_dedupe_outside_any_task_warns_once_and_on_a_coroutine_fails_when_decorating(caplog, db1):
+    """``dedupe=True`` refuses a Celery task's duplicate enqueues: on a plain function it
+    does nothing, which its first call says (once); an ``async def`` is never a task."""
+
+    @locked("d:{n}", dedupe=True)
+    def plain(n: int) -> int:
+        return n
+
+    with caplog.at_level("WARNING", logger="django_rlock"):
+        assert (plain(1), plain(2)) == (1, 2)
+    [line] = [r.getMessage() for r in caplog.records if "dedupe=True" in r.getMessage()]
+    assert line.startswith("django-rlock: @locked('d:{n}', dedupe=True) does nothing for "
+                           "test_dedupe_outside_any_task_warns_once_and_on_a_coroutine_fails_"
+                           "when_decorating.<locals>.plain(), called outside any Celery task")
+    with pytest.raises(TypeError, match=r"dedupe=True\) on the coroutine function .*\.job\(\): "
+                                        "de-duplication is for Celery tasks"):
+        @locked("d:{n}", dedupe=True)
+        async def job(n: int) -> int:
+            return n
 
 
 def test_a_view_call_is_never_looked_up_as_a_task(monkeypatch, db1):

@@ -149,6 +149,14 @@ def test_afenced_update(tables):
      "multi-table inheritance"),
     (lambda qs: fenced_update(Child.objects.all(), 1, "fence_token", note="x"), ValueError,
      "multi-table inheritance"),
+    (lambda qs: fenced_update(qs[:1], 1, result="x"), TypeError,
+     r"fenced_update cannot update a sliced QuerySet \[0:1\] of rlock_fencing.Job: filter"),
+    (lambda qs: fenced_update(Job.objects.all()[2:], 1, result="x"), TypeError,
+     r"fenced_update cannot update a sliced QuerySet \[2:\] of rlock_fencing.Job"),
+    (lambda qs: fenced_update(qs.union(qs), 1, result="x"), TypeError,
+     r"fenced_update cannot update a union\(\) of QuerySets of rlock_fencing.Job"),
+    (lambda qs: fenced_update(qs.difference(qs), 1, result="x"), TypeError,
+     r"fenced_update cannot update a difference\(\) of QuerySets"),
 ])
 def test_bad_input_raises_before_any_query(tables, django_assert_num_queries, call, exc, match):
     with django_assert_num_queries(0), pytest.raises(exc, match=match):
@@ -191,6 +199,8 @@ def test_afenced_update_validates_before_any_query(tables, django_assert_num_que
 
     with django_assert_num_queries(0), pytest.raises(ValueError, match="token field"):
         asyncio.run(afenced_update(Job.objects.all(), 1, fence_token=3))
+    with django_assert_num_queries(0), pytest.raises(TypeError, match="fenced_update cannot"):
+        asyncio.run(afenced_update(Job.objects.all()[:3], 1, result="x"))
 
 
 # -- PostgreSQL (started by the test, in a subprocess of Django's own) ----------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from typing import Any
 
 import pytest
@@ -17,7 +18,7 @@ from django.contrib.admin.models import LogEntry
 from django.test import Client
 from django.urls import reverse
 
-from django_rlock.engine.naming import latch_channel, lock_channel, prefix_name
+from django_rlock.engine.naming import latch_channel, lock_channel, prefix_name, suffix_name
 from django_rlock.signals import lock_force_unlocked
 from tests.django.test_admin import cells, detail_url, lock_names, unlock_url
 from tests.django.test_command import run, table
@@ -227,6 +228,32 @@ def test_detail_pages_show_each_kinds_details(admin_client: Client, kinds: dict[
     html = admin_client.get(detail_url("latch")).content.decode()
     assert '<td class="count">4</td>' in html
     assert '<td class="token">17</td>' in admin_client.get(detail_url("fenced")).content.decode()
+
+
+def test_an_expired_permit_is_free_not_taken(admin_client: Client, db1: redis.Redis) -> None:
+    """A permit whose lease is over (its holder crashed: SIGKILL, or a lease that ran out) is
+    free by the semaphore's own rule, which every write applies first (``reclaim``): listed as
+    available, never as taken, though nothing has written since to drop it."""
+    from django_rlock import get_semaphore
+
+    sem = get_semaphore("exports", permits=3)
+    live = sem.acquire()  # renewed by the watchdog while this test runs
+    dead = sem.acquire(lease_time=0.05)
+    time.sleep(0.3)  # past the lease on the server's clock too
+    row = {r["NAME"]: r for r in table(run("list"))}["exports"]
+    assert row["DETAILS"] == "2 available, 1 taken"
+    out = run("show", "exports").splitlines()
+    assert "permits available: 2" in out and "permits taken: 1" in out and "value: 1" in out
+    assert any(re.fullmatch(rf"  {live} \(lease \d+\.\d{{3}}s\)", line) for line in out)
+    assert not any(dead in line for line in out)
+    data = json.loads(run("show", "exports", format="json"))
+    assert (data["permits"], data["taken"], [p["id"] for p in data["leases"]]) == (2, 1, [live])
+    html = admin_client.get(detail_url("exports")).content.decode()
+    assert '<td class="permits">2</td>' in html and '<td class="taken">1</td>' in html
+    assert live in html and dead not in html
+    assert db1.zcard(suffix_name(PREFIX + "exports", "timeout")) == 2  # a read: nothing was reclaimed
+    assert sem.available_permits() == 2  # what the semaphore says, once it has reclaimed
+    sem.release(live)
 
 
 def test_force_unlock_a_fair_lock_from_the_admin(admin_user: Any, admin_client: Client,

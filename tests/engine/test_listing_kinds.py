@@ -182,6 +182,31 @@ def test_show_gives_the_queue_in_order_and_each_permits_lease(r: redis.Redis) ->
     assert locks.show("nope") is None and locks.show("") is None
 
 
+def test_an_expired_permit_is_free_by_the_semaphores_rule_and_nothing_is_written(
+        r: redis.Redis) -> None:
+    """A permit past its expiry (a crashed holder's, once its lease is over) is read as the
+    semaphore's next write will count it: free. The read changes nothing; on a server that
+    never ran the read's script (flushed) it loads it itself; unindexed, a key whose taken
+    permits all expired is still told a ``permits`` by its zset."""
+    from django_rlock.engine.permits import PermitExpirableSemaphore
+
+    write_kinds(r, "p:")  # permits: 1 free, PERMIT_1 expires in 20 s, PERMIT_2 never
+    zset = suffix_name("p:permits", "timeout")
+    r.zadd(zset, {bytes.fromhex(PERMIT_1): now_ms(r) - 1})
+    r.script_flush()
+    locks = Locks(r, "p:")
+    assert by_name(locks.read(locks.names()))["permits"].details == {"permits": 2, "taken": 1}
+    shown = locks.show("permits")
+    assert shown is not None and shown.details["leases"] == [{"id": PERMIT_2, "ttl": None}]
+    r.zadd(zset, {bytes.fromhex(PERMIT_2): now_ms(r) - 1})
+    r.delete(index_key("p:"))
+    assert locks.names(scan=True).count("permits") == 1
+    [info] = locks.read(["permits"])
+    assert (info.kind, info.details) == ("permits", {"permits": 3, "taken": 0})
+    assert r.get("p:permits") == b"1" and r.zcard(zset) == 2  # nothing reclaimed by a read
+    assert PermitExpirableSemaphore(r, "permits", "p:").available_permits() == 3
+
+
 @pytest.mark.parametrize("prefix,tag", [("", ""), ("p:", "{t}")])
 def test_scan_tells_kinds_by_layout_and_never_lists_auxiliary_keys(r: redis.Redis, prefix: str,
                                                                    tag: str) -> None:

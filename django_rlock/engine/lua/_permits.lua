@@ -8,7 +8,7 @@
 -- #include permit_time
 
 local function reclaim(now)
-  local n = redis.call('zremrangebyscore', KEYS[2], '-inf', ms(now))
+  local n = redis.call('zremrangebyscore', KEYS[2], expired(now))
   if n > 0 then
     made(KEYS[1], KEYS[4])
     redis.call('publish', KEYS[3], redis.call('incrby', KEYS[1], n))
