@@ -169,3 +169,22 @@ def test_a_redisson_waiter_keeps_its_deadline_and_a_turn_moves_no_score(r):
     r.hset(okey, "a:1", int(server_ms(r)) - 1)  # its turn is over (as TURN_MS later)
     assert acquire(r, name, "b:1", wait, lease) is None  # a:1 dropped; b:1 takes the lock
     assert not r.exists(qkey, tkey, okey)
+
+
+def test_a_lapsed_turn_drops_the_waiters_of_its_process_right_behind_it(r):
+    """Direct script calls: a process dies with its waiters (threads of it, in a row). The
+    attempt that drops the head whose turn lapsed drops them too, not one turn each; a waiter
+    of another process behind them, and Redisson's, stay."""
+    name, lease, wait = "proc", 1_000_000, 300_000
+    okey = fair_ours(name)
+    assert acquire(r, name, "holder:1", wait, lease) is None
+    for owner in ("p:1", "p:2", "p:3", "q:1", "r:1"):
+        assert acquire(r, name, owner, wait, lease) > 0
+    assert release(r, name, "holder:1", lease) == 1  # p:1's turn begins
+    assert int(r.hget(okey, "p:1")) > 0 and r.hget(okey, "p:2") == b"0"
+    r.hset(okey, "p:1", int(server_ms(r)) - 1)  # its turn is over
+    assert 0 < acquire(r, name, "r:1", wait, lease) <= TURN_MS  # p:1-3 gone, q:1's turn
+    assert r.lrange(f"redisson_lock_queue:{{{name}}}", 0, -1) == [b"q:1", b"r:1"]
+    assert set(r.hgetall(okey)) == {b"q:1", b"r:1"}
+    assert int(r.hget(okey, "q:1")) > server_ms(r)
+    assert acquire(r, name, "q:1", wait, lease) is None  # alive: it takes the lock

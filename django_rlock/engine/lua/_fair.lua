@@ -1,5 +1,6 @@
 -- Snippet: what every fair-lock script starts with: `now` (server time, ms), `prune()`,
--- `keep(ours)`, `notify(msg, head)`, `own(owner)` and `begin(msg, head, caller, v)`. Every
+-- `keep(ours)`, `notify(msg, head)`, `own(owner)`, `proc(owner)` and
+-- `begin(msg, head, caller, v)`. Every
 -- fair-lock script takes KEYS[1] lock hash, KEYS[2] lock channel (a waiter's is KEYS[2] .. ':'
 -- .. owner), KEYS[3] index, KEYS[4] queue list, KEYS[5] timeout zset, KEYS[6] our waiters
 -- (hash owner -> 0, or the end of its turn, ms). {{SLACK_MS}}: how long the line outlives its
@@ -44,6 +45,10 @@ end
 local function own(owner)
   return tonumber(redis.call('hget', KEYS[6], owner))
 end
+-- The process of `owner` (`<uuid>:<n>`, ours and Redisson's alike): its uuid.
+local function proc(owner)
+  return string.match(owner, '^(.*):')
+end
 -- The lock is free and `head` first in line, `v` its own(): begin its turn, if it is ours and
 -- none is under way (a lapsed one, the lock taken by someone else since, begins anew). The
 -- first waiter behind it of another process (a dead process's waiters all died) is woken,
@@ -52,10 +57,10 @@ end
 local function begin(msg, head, caller, v)
   if not head or not v or v > now then return false end
   redis.call('hset', KEYS[6], head, now + {{TURN_MS}})
-  local proc = string.match(head, '^(.*):')
+  local p = proc(head)
   local behind = redis.call('lrange', KEYS[4], 1, 16)
   for i = 1, #behind do
-    if string.match(behind[i], '^(.*):') ~= proc then
+    if proc(behind[i]) ~= p then
       if behind[i] ~= caller then notify(msg, behind[i]) end
       break
     end

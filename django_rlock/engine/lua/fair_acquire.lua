@@ -10,7 +10,8 @@
 -- A line left behind expires at its last deadline plus the slack (`keep`); with nobody in
 -- line (the uncontended path) the queue costs one LINDEX. A waiter that joins is marked ours
 -- (KEYS[6]); the lock free with another first in line, a head of ours whose turn is over is
--- dropped and the new head's turn begun (`begin`).
+-- dropped (with the waiters of ours of its process right behind it) and the new head's turn
+-- begun (`begin`).
 
 -- #include fair
 
@@ -18,10 +19,15 @@ local pruned, head = prune()
 local free = redis.call('exists', KEYS[1]) == 0
 local turn = nil
 if free and head and head ~= ARGV[2] then
-  -- Heads of ours whose turn ended without taking the lock: dead (or frozen). Dropped.
+  -- Heads of ours whose turn ended without taking the lock: dead (or frozen). Dropped, and
+  -- with each the waiters of ours of its process right behind it (they died with it).
+  local gone = nil
   while head and head ~= ARGV[2] do
     turn = own(head)
-    if not turn or turn == 0 or turn > now then break end
+    local lapsed = turn and turn ~= 0 and turn <= now
+    local with_it = turn == 0 and gone ~= nil and proc(head) == gone
+    if not (lapsed or with_it) then break end
+    gone = proc(head)
     redis.call('lpop', KEYS[4])
     redis.call('zrem', KEYS[5], head)
     redis.call('hdel', KEYS[6], head)
