@@ -27,8 +27,8 @@ Where this port differs from Redisson (on purpose):
 * A queued waiter parks at most the holder's PTTL (Redisson's first reply is the wait to its
   turn, often much longer): a holder that dies frees the lock silently, and the head must see
   that within the lease. When the lock is free but another waiter is first in line, the
-  bound is that waiter's deadline, capped by the caller's own lease (Redisson returns 0 and
-  spins).
+  bound is that waiter's deadline (or its turn's end, if it is ours), capped by the caller's
+  own lease (Redisson returns 0 and spins).
 * A waiter that gives up while first in line, and a script that drops a dead head, wake the
   new head if the lock is free (Redisson leaves it to its PTTL bound).
 * The queue and timeout keys expire at their last deadline plus ``LINE_SLACK_MS``, set by
