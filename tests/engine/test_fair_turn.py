@@ -188,3 +188,25 @@ def test_a_lapsed_turn_drops_the_waiters_of_its_process_right_behind_it(r):
     assert set(r.hgetall(okey)) == {b"q:1", b"r:1"}
     assert int(r.hget(okey, "q:1")) > server_ms(r)
     assert acquire(r, name, "q:1", wait, lease) is None  # alive: it takes the lock
+
+
+def test_no_turn_begins_or_ends_while_the_lock_is_held(r):
+    """Direct script calls: waiters asking again and again behind a held lock never begin the
+    head's turn, and a head whose turn lapsed (the lock taken by someone else meanwhile, a
+    non-fair RLock of the same name) is not dropped while it is held; the release begins its
+    turn anew."""
+    name, lease, wait = "held", 1_000_000, 300_000
+    qkey, okey = f"redisson_lock_queue:{{{name}}}", fair_ours(name)
+    assert acquire(r, name, "holder:1", wait, lease) is None
+    for owner in ("a:1", "b:1", "c:1"):
+        assert acquire(r, name, owner, wait, lease) > 0
+    for _ in range(3):
+        for owner in ("c:1", "b:1"):
+            assert acquire(r, name, owner, wait, lease) > lease - 1_000  # the holder's PTTL
+    assert r.hgetall(okey) == {b"a:1": b"0", b"b:1": b"0", b"c:1": b"0"}
+    r.hset(okey, "a:1", int(server_ms(r)) - 1)  # a turn of its that lapsed
+    assert acquire(r, name, "b:1", wait, lease) > lease - 1_000
+    assert r.lrange(qkey, 0, -1) == [b"a:1", b"b:1", b"c:1"]
+    assert release(r, name, "holder:1", lease) == 1
+    assert int(r.hget(okey, "a:1")) == pytest.approx(server_ms(r) + TURN_MS, abs=200)
+    assert acquire(r, name, "a:1", wait, lease) is None
