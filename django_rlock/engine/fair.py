@@ -27,14 +27,19 @@ Where this port differs from Redisson (on purpose):
 * A queued waiter parks at most the holder's PTTL (Redisson's first reply is the wait to its
   turn, often much longer): a holder that dies frees the lock silently, and the head must see
   that within the lease. When the lock is free but another waiter is first in line, the
-  bound is that waiter's deadline, capped by the caller's own lease (Redisson returns 0 and
-  spins).
+  bound is that waiter's deadline (or its turn's end, if it is ours), capped by the caller's
+  own lease (Redisson returns 0 and spins).
 * A waiter that gives up while first in line, and a script that drops a dead head, wake the
   new head if the lock is free (Redisson leaves it to its PTTL bound).
 * The queue and timeout keys expire at their last deadline plus ``LINE_SLACK_MS``, set by
   every script that leaves anyone in line (Redisson's never expire: a line whose waiters died
-  stayed until someone took the same name again). A dead waiter still holds a free lock from
-  the waiters behind it until its deadline (docs/engine.md, "Not done yet").
+  stayed until someone took the same name again).
+* A waiter of ours has ``TURN_MS`` to take the lock once its turn began, not its allowance
+  (docs/engine.md, invariant 50): the hash ``rlock_fair_ours:{<key>}`` (``naming.fair_ours``)
+  marks our waiters in the line (owner -> 0) and, once the lock is free with one of them first,
+  when that turn ends. Its scores in the timeout zset are Redisson's and left alone, so the
+  deadline chain, its shifts and a Redisson waiter's deadline are what they were; a Redisson
+  waiter (no field) is still dropped only at its deadline.
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ from .naming import (
     FAIR_QUEUE_PREFIX,
     FAIR_TIMEOUT_PREFIX,
     UNLOCK_MESSAGE,
+    fair_ours,
     fair_waiter_channel,
     prefix_name,
 )
@@ -71,11 +77,20 @@ logger = logging.getLogger("django_rlock")
 #: takes again does not stay in Redis for ever. The slack only absorbs rounding.
 LINE_SLACK_MS = 1000
 
-FAIR_ACQUIRE = source("fair_acquire", SLACK_MS=LINE_SLACK_MS)
-FAIR_RELEASE = source("fair_release", SLACK_MS=LINE_SLACK_MS)
-FAIR_FORCE = source("fair_force", SLACK_MS=LINE_SLACK_MS)
-FAIR_END = source("fair_end", SLACK_MS=LINE_SLACK_MS)
-FAIR_GIVE_UP = source("fair_give_up", SLACK_MS=LINE_SLACK_MS)
+#: How long (ms) a waiter of ours first in line has to take the free lock once its turn began
+#: (``begin()`` in ``lua/_fair.lua``: a release, the watchdog's end, a force unlock, the head
+#: giving up, or an attempt of another waiter finding the lock free). A live waiter is woken
+#: on its channel (or its park, bounded by the holder's PTTL, ends at the expiry) and takes it
+#: within milliseconds; one that has not by then is taken for dead (or frozen) and dropped by
+#: the next attempt behind it, which the turn's start woke to park until its end.
+TURN_MS = 5000
+
+_VALUES = {"SLACK_MS": LINE_SLACK_MS, "TURN_MS": TURN_MS}
+FAIR_ACQUIRE = source("fair_acquire", **_VALUES)
+FAIR_RELEASE = source("fair_release", **_VALUES)
+FAIR_FORCE = source("fair_force", **_VALUES)
+FAIR_END = source("fair_end", **_VALUES)
+FAIR_GIVE_UP = source("fair_give_up", **_VALUES)
 
 FAIR_ACQUIRE_SCRIPT = Script(FAIR_ACQUIRE)
 FAIR_RELEASE_SCRIPT = Script(FAIR_RELEASE)
@@ -115,7 +130,10 @@ class _Fair:
         #: Redisson's names (the brace rule keeps them in the lock's cluster slot).
         self.queue_key = prefix_name(FAIR_QUEUE_PREFIX, self.key)
         self.timeout_key = prefix_name(FAIR_TIMEOUT_PREFIX, self.key)
-        keys = (self.key, self._channel, self._index, self.queue_key, self.timeout_key)
+        #: Ours: which waiters in the line are django-rlock's (``TURN_MS``), in the slot too.
+        self.ours_key = fair_ours(self.key)
+        keys = (self.key, self._channel, self._index, self.queue_key, self.timeout_key,
+                self.ours_key)
         self._acquire_keys = keys
         self._release_keys = keys
 
@@ -156,11 +174,12 @@ class FairLock(_Fair, RLock):
     """A reentrant lock (the ``RLock`` API) granted in arrival order across threads,
     processes and hosts.
 
-    ``thread_wait_time`` (seconds): how long a waiter may stand first in line without taking
-    the lock before it is taken for dead and dropped (Redisson's ``fairLockWaitTimeout``); a
-    waiter that crashes holds the line up (the lock free, nobody let in) for at most that long,
-    or its wait budget when shorter. A live waiter dropped that
-    way (a lock held longer than this) joins again at the back on its next attempt.
+    ``thread_wait_time`` (seconds): Redisson's ``fairLockWaitTimeout``, each waiter's
+    allowance in the deadline chain (or its wait budget when shorter): a waiter still queued
+    when its deadline passes (a lock held longer than this) is dropped and joins again at the
+    back on its next attempt. A waiter of ours that crashes in line holds the free lock up for
+    ``TURN_MS`` (5 s) after its turn came, not its allowance; a Redisson client's, for its
+    allowance.
     ``try_lock(0)`` / ``acquire(blocking=False)`` make one attempt and never queue: they get
     the lock only if it is free and nobody waits.
     """

@@ -56,6 +56,17 @@ def waiting_key(key: str) -> str:
     return _own(WAITING_PREFIX, key)
 
 
+#: A fair lock's waiters of django-rlock in its line: owner -> 0, or when its turn ends (ms).
+FAIR_OURS_PREFIX = "rlock_fair_ours"
+
+
+def fair_ours(key: str) -> str:
+    """The hash of a fair lock's waiters that are ours (``engine/fair.py``): a waiter of ours
+    takes the lock within ``fair.TURN_MS`` of its turn or is dropped; Redisson's, absent here,
+    keep their allowance. In the key's slot, beside Redisson's queue and timeout keys."""
+    return _own(FAIR_OURS_PREFIX, key)
+
+
 def grant_channel(key: str) -> str:
     """Where a release names the waiter it granted the lock to. Only django-rlock listens:
     a Redisson client sees nothing it does not understand on its own channel."""

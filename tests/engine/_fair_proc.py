@@ -8,7 +8,12 @@ appends its name to the list ``order`` and the line it sees behind it (the queue
 JSON) to the list ``lines``; after unlocking it queues again at once.
 
 ``python -m tests.engine._fair_proc wait SOCKET NAME THREAD_WAIT_TIME``: writes its owner to
-the key ``dead-owner`` and waits for the lock forever (the test SIGKILLs it in the queue).
+the key ``dead-owner`` and waits for the lock forever (the test SIGKILLs it in the queue, or
+SIGSTOPs and resumes it). Once it holds the lock it appends ``dead`` to the list ``order``
+and what the lock's hash held then (JSON) to ``dead-saw``, unlocks and exits.
+
+``python -m tests.engine._fair_proc hold SOCKET NAME WATCHDOG_TIMEOUT``: holds the lock until
+SIGKILLed (``hold``).
 """
 
 from __future__ import annotations
@@ -51,9 +56,23 @@ def wait(sock: str, name: str, thread_wait_time: str) -> None:
     client = redis.Redis(unix_socket_path=sock)
     lock = FairLock(client, name, thread_wait_time=float(thread_wait_time))
     client.set("dead-owner", thread_owner())
-    lock.lock()  # killed while queued
+    lock.lock()  # killed (or stopped) while queued
+    client.rpush("order", "dead")
+    saw = {k.decode(): v.decode() for k, v in client.hgetall(lock.key).items()}
+    client.rpush("dead-saw", json.dumps(saw))
+    lock.unlock()
     print("acquired", flush=True)
 
 
+def hold(sock: str, name: str, watchdog_timeout: str) -> None:
+    """Takes the lock (watchdog mode), sets ``holder-up`` and holds it until SIGKILLed: the
+    lock then expires with nobody releasing it."""
+    client = redis.Redis(unix_socket_path=sock)
+    lock = FairLock(client, name, watchdog_timeout=float(watchdog_timeout))
+    lock.lock()
+    client.set("holder-up", "1")
+    threading.Event().wait()
+
+
 if __name__ == "__main__":
-    {"fifo": fifo, "wait": wait}[sys.argv[1]](*sys.argv[2:])
+    {"fifo": fifo, "wait": wait, "hold": hold}[sys.argv[1]](*sys.argv[2:])

@@ -27,7 +27,13 @@ from django_rlock.engine.fair import (
 )
 from django_rlock.engine.identity import thread_owner
 from django_rlock.engine.lockinfo import describes, parse_entry
-from django_rlock.engine.naming import fair_waiter_channel, index_key, lock_channel, waiting_key
+from django_rlock.engine.naming import (
+    fair_ours,
+    fair_waiter_channel,
+    index_key,
+    lock_channel,
+    waiting_key,
+)
 from django_rlock.engine.scripts import call
 from tests.conftest import script_calls
 
@@ -64,7 +70,7 @@ def until(check: Any, timeout: float = 30.0, what: str = "condition") -> None:
 # Direct script calls (Redisson's "Descrete" tests call its scripts the same way).
 def _keys(name: str) -> tuple[Any, ...]:
     return (name, lock_channel(name), index_key(""), f"redisson_lock_queue:{{{name}}}",
-            f"redisson_lock_timeout:{{{name}}}")
+            f"redisson_lock_timeout:{{{name}}}", fair_ours(name))
 
 
 def acquire(r: redis.Redis, name: str, owner: str, wait_ms: int, lease_ms: int) -> Any:

@@ -105,7 +105,7 @@ def test_every_name_of_every_kind_hashes_to_the_locks_cluster_slot(r, key):
     lock, fair, fenced = RLock(r, key), FairLock(r, key), FencedLock(r, key)
     rw = ReadWriteLock(r, key)
     sem, pes = Semaphore(r, key), PermitExpirableSemaphore(r, key)
-    names = [*lock._release_keys, *lock._wait_keys, fair.queue_key, fair.timeout_key,
+    names = [*lock._release_keys, *lock._wait_keys, fair.queue_key, fair.timeout_key, fair.ours_key,
              fair._wait_channel("owner:1"), fenced.token_key, rw.read_lock()._channel,
              rw.write_lock()._channel, sem._channel, pes._channel, pes.timeout_key]
     latch = CountDownLatch(r, key)._channel
