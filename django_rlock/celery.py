@@ -39,7 +39,7 @@ from celery.exceptions import Ignore, Retry
 from celery.signals import task_postrun, task_revoked
 from celery.utils import uuid
 
-from . import answers, transaction
+from . import answers, redelivery, transaction
 from .answers import unreachable
 from .decorators import (
     TaskHooks,
@@ -260,6 +260,11 @@ def run_task(spec: Any, wrapper: Callable[..., Any], func: Callable[..., Any], n
             mark.adopt()
         lock = spec.sync_lock(name)
         got = lock.try_lock(spec.wait, spec.lease)
+        verdict = None
+        if not got and spec.drop_redelivered and _redelivered(task):
+            verdict = _judge(spec, lock, name, task)
+            if verdict.action == redelivery.RUN:  # the dead holder's lock has expired
+                got = lock.try_lock(spec.wait, spec.lease)
         ttl = None if got else busy_ttl(lock)
     except Exception as exc:
         if not unreachable(exc):
@@ -269,17 +274,25 @@ def run_task(spec: Any, wrapper: Callable[..., Any], func: Callable[..., Any], n
         return retry_unavailable(task, spec, name, exc)
     answers.backend_up(spec)
     retrying = False
+    booking = None
     times = spec.hold_times if spec.hold_at_least is None else None
     try:
         if not got:
             busy = turned_away(spec, lock, ttl)
-            if spec.drop_redelivered and (task.request.delivery_info or {}).get("redelivered"):
-                # The broker redelivered a message whose first delivery still runs
-                # (visibility timeout shorter than the task): drop this copy quietly.
-                logger.info("django-rlock: %s[%s] redelivered while lock %r is held: ignored",
-                            task.name, task.request.id, name)
+            if verdict is not None and verdict.action == redelivery.DROP:
+                logger.info("django-rlock: %s[%s] redelivered, lock %r busy: dropped this copy: "
+                            "%s", task.name, task.request.id, name, verdict.why)
                 raise Ignore()
+            if verdict is not None:
+                logger.info("django-rlock: %s[%s] redelivered, lock %r busy: answered as a "
+                            "busy call (on_busy): %s", task.name, task.request.id, name,
+                            verdict.why)
             return on_busy(busy)
+        if verdict is not None:
+            logger.info("django-rlock: %s[%s] redelivered, lock %r was busy: running it now: "
+                        "%s", task.name, task.request.id, name, verdict.why)
+        if spec.drop_redelivered and getattr(task, "acks_late", False):
+            booking = _book(spec, name, task)
         if spec.hold_at_least is not None:
             # The lock outlives a quick run as a lease for the rest of the window; the
             # de-dup mark does not (an identical task may be queued: it is turned away).
@@ -296,8 +309,38 @@ def run_task(spec: Any, wrapper: Callable[..., Any], func: Callable[..., Any], n
         retrying = True
         raise
     finally:
+        if booking is not None:
+            booking.end(verdict.dead_owner if verdict is not None else None)
         if mark is not None:
             mark.finish(release=not retrying, until_commit=spec.until_commit)
+
+
+def _redelivered(task: Any) -> bool:
+    return bool((getattr(task, "request", None) and task.request.delivery_info or {})
+                .get("redelivered"))
+
+
+def _book(spec: Any, name: str, task: Any) -> redelivery.Run | None:
+    """Book this run's hold, so a redelivered copy of its message can tell it is ours."""
+    client, prefix, _ = spec.where()
+    booking = redelivery.Run(client, prefix, name, task.request.id)
+    try:
+        booking.begin()
+    except Exception as exc:  # the lock is ours already: run; a copy will answer on_busy
+        logger.warning("django-rlock: could not book the run of %s[%s] under lock %r: %s",
+                       task.name, task.request.id, name, exc)
+        return None
+    return booking
+
+
+def _judge(spec: Any, lock: Any, name: str, task: Any) -> redelivery.Verdict:
+    """Whether the busy lock is held by this message's own first delivery, alive or dead."""
+    client, prefix, watchdog_timeout = spec.where()
+    try:
+        lock_key = lock.key
+    except AttributeError:
+        lock_key = None
+    return redelivery.decide(client, prefix, name, lock_key, task.request.id, watchdog_timeout)
 
 
 @task_postrun.connect(weak=False, dispatch_uid="django_rlock.release_ended")
