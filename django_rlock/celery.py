@@ -129,8 +129,59 @@ def dedupe_name(task: Any, args: Any = None, kwargs: Any = None) -> str:
     ``f(1, b=2)`` and ``f(a=1, b=2)`` bind alike, defaults are filled in, so both name one mark.
     """
     values = bound_arguments(_call_signature(task), tuple(args or ()), dict(kwargs or {}))
-    canonical = json.dumps(values, sort_keys=True, separators=(",", ":"), default=repr)
+    try:
+        canonical = _canonical(values)
+    except TypeError as exc:  # a dict whose keys cannot be sorted ({1: "a", "b": 2})
+        bad = next((k for k, v in values.items() if not _canonicalises(v)), None)
+        raise TypeError(f"de-duplicated task {task.name!r}: argument {bad!r} cannot be put in "
+                        f"canonical form to name its de-dup mark ({exc}); dict keys of mixed "
+                        f"types cannot be sorted: use keys of one type") from None
     return f"dedupe:{task.name}:{hashlib.sha1(canonical.encode()).hexdigest()[:24]}"
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=repr)
+
+
+def _canonicalises(value: Any) -> bool:
+    try:
+        _canonical(value)
+    except TypeError:
+        return False
+    return True
+
+
+#: Options that make a call more than its task: a turned-away call would lose them.
+CALLBACK_OPTIONS = ("link", "link_error", "chain", "chord")
+
+
+def _seconds_until(when: Any, app: Any) -> float | None:
+    """Seconds from now until ``when`` (seconds from now, a datetime or an ISO 8601 str)."""
+    if when is None:
+        return None
+    if isinstance(when, (int, float)):
+        return float(when)
+    from datetime import datetime
+
+    from celery.utils.time import maybe_make_aware
+
+    if isinstance(when, str):
+        when = datetime.fromisoformat(when)
+    if not isinstance(when, datetime):
+        return None
+    return (maybe_make_aware(when, app.timezone) - app.now()).total_seconds()
+
+
+def mark_ttl(task: Any, options: dict[str, Any]) -> float:
+    """How long a queued call's mark lives: ``dedupe_ttl`` past the time it may start (its
+    ``countdown``/``eta``), and never past its ``expires`` (an expired message never runs, so
+    its mark must not refuse a new call)."""
+    start = _seconds_until(options.get("countdown"), task.app)
+    if start is None:
+        start = _seconds_until(options.get("eta"), task.app)
+    ttl = max(0.0, start or 0.0) + float(task.dedupe_ttl)
+    expires = _seconds_until(options.get("expires", getattr(task, "expires", None)), task.app)
+    return ttl if expires is None else min(ttl, expires)
 
 
 def _field(task_id: str) -> str:
@@ -158,7 +209,10 @@ class LockedTask(Task):
         task_id = task_id or uuid()
         client, prefix, _ = spec.where()
         key = prefix + name
-        ttl_ms = max(1, math.ceil(float(self.dedupe_ttl) * 1000))
+        ttl_ms = max(1, math.ceil(mark_ttl(self, options) * 1000))
+        carried = [o for o in CALLBACK_OPTIONS if options.get(o)] + \
+            [o for o, v in zip(("producer", "link", "link_error"), rest, strict=False)
+             if v and o != "producer"]
         field = _field(task_id)
         keys = (key, index_for(client, prefix, key))
         try:
@@ -171,6 +225,14 @@ class LockedTask(Task):
             # while Redis is down), so a duplicate may run after this one, never beside it.
             answers.backend_down(spec, name, exc)
             return super().apply_async(args, kwargs, task_id, *rest, **options)
+        if holder is not None and carried:
+            # A turned-away call would lose its callbacks (a chain's next step, a chord's
+            # count): it is enqueued; its run still takes the task's lock.
+            existing = (holder.decode() if isinstance(holder, bytes) else holder).rsplit(":", 1)[0]
+            logger.info("django-rlock: enqueueing %s beside the identical task %s: it carries "
+                        "%s, which a turned-away call would lose", self.name, existing,
+                        "/".join(carried))
+            return super().apply_async(args, kwargs, task_id, *rest, **options)
         if holder is not None:
             existing = (holder.decode() if isinstance(holder, bytes) else holder).rsplit(":", 1)[0]
             logger.info("django-rlock: not enqueueing %s: the identical task %s is queued or running",
@@ -181,6 +243,32 @@ class LockedTask(Task):
         except BaseException:
             call(client, MARK_RELEASE_SCRIPT, keys, (field,))
             raise
+
+
+    def revoke_call(self, args: Any = None, kwargs: Any = None, **revoke_options: Any) -> str | None:
+        """Revoke the queued (or running) identical call of ``args``/``kwargs`` and free its
+        de-dup mark now, so the same call can be enqueued again at once.
+
+        A plain ``revoke()`` frees the mark only when a worker meets the revoked message, and
+        until then ``delay()`` returns the revoked task's id. ``revoke_options`` go to
+        ``app.control.revoke`` (``terminate=True`` stops a running one; without it a running
+        task goes on, and a new identical call waits for its lock). Returns the revoked task's
+        id, or None if no identical call holds a mark.
+        """
+        spec = _spec_of(self)
+        if spec is None or not spec.dedupe:
+            raise TypeError(f"revoke_call: task {self.name!r} is not @locked(..., dedupe=True)")
+        name = dedupe_name(self, args, kwargs)  # wrong arguments fail here, before any command
+        client, prefix, _ = spec.where()
+        key = prefix + name
+        fields = client.hkeys(key)
+        if not fields:
+            return None
+        field = fields[0].decode() if isinstance(fields[0], bytes) else str(fields[0])
+        task_id = field.rsplit(":", 1)[0]
+        self.app.control.revoke(task_id, **revoke_options)
+        call(client, MARK_RELEASE_SCRIPT, (key, index_for(client, prefix, key)), (field,))
+        return task_id
 
 
 class _Mark:
