@@ -238,6 +238,9 @@ class LockedTask(Task):
             logger.info("django-rlock: not enqueueing %s: the identical task %s is queued or running",
                         self.name, existing)
             return self.AsyncResult(existing)
+        current = get_current_task()
+        if current is not None and getattr(current.request, "id", None) == task_id:
+            _requeued[field] = ttl_ms  # a retry: its run puts this TTL back once it stops renewing
         try:
             return super().apply_async(args, kwargs, task_id, *rest, **options)
         except BaseException:
@@ -271,6 +274,11 @@ class LockedTask(Task):
         return task_id
 
 
+#: Mark field -> TTL (ms) its task's retry set when re-enqueued; the running task's watchdog may
+#: renew the mark to its own timeout after that, so the run sets it again when it stops.
+_requeued: dict[str, int] = {}
+
+
 class _Mark:
     """A running task's claim on its de-dup mark, renewed by this process's watchdog."""
 
@@ -298,10 +306,14 @@ class _Mark:
     def finish(self, release: bool, until_commit: bool) -> None:
         """Stop renewing; with ``release``, delete the mark (with ``until_commit``: once the
         transactions around the task end, like its lock)."""
+        ttl_ms = _requeued.pop(self.field, None)
         if not self.held:
             return
         if not release:
             watchdog().forget(self.k)  # a retry keeps the mark on the TTL its re-enqueue set
+            if ttl_ms is not None:
+                call(self.caller, MARK_CLAIM_SCRIPT, self.keys,
+                     (self.field, ttl_ms, taskmark.entry(self.field, taskmark.QUEUED, self.name)))
         elif until_commit:
             transaction.TransactionRelease(self._release, self.key).done()
         else:

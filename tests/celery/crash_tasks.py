@@ -57,3 +57,12 @@ def collect(values: list[int]) -> int:
 def short_mark(a: int, when: object = None) -> int:
     record("short", str(a), time.time())
     return a
+
+
+@app.task(bind=True, base=LockedTask, dedupe_ttl=1.0, max_retries=1)
+@locked("rtc:{a}", dedupe=True)
+def retry_later(self, a: int) -> int:
+    record("rtc", str(a), self.request.id, self.request.retries, time.time())
+    if not self.request.retries:
+        raise self.retry(countdown=3)
+    return a

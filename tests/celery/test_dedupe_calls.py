@@ -77,3 +77,16 @@ def test_mixed_key_dict_is_a_clear_error_before_enqueueing(locks):
     with pytest.raises(TypeError, match=r"'tests.celery.crash_tasks.short_mark'.*'when'"):
         short_mark.delay(1, when={1: "a", "b": 2})
     assert not list(locks.scan_iter("ct:rlock:dedupe:*"))
+
+
+def test_a_mark_lives_past_a_retry_countdown(threads_worker, locks, log):
+    from tests.celery.crash_tasks import retry_later  # dedupe_ttl=1, retries after 3 s
+
+    first = retry_later.delay(8)
+    started = time.monotonic()
+    while not entries(log, "rtc", "8") and time.monotonic() - started < 20:
+        time.sleep(0.02)
+    time.sleep(1.5)  # past dedupe_ttl, before the retry runs
+    assert retry_later.delay(8).id == first.id
+    assert first.get(timeout=20) == 8
+    assert [e[1] for e in entries(log, "rtc", "8")] == ["0", "1"]  # one task, run twice
