@@ -53,8 +53,10 @@ from .decorators import (
 )
 from .engine import LockBusy, taskmark
 from .engine.clients import for_key, index_for
+from .engine.lock import RLock
 from .engine.scripts import MARK_CLAIM_SCRIPT, MARK_RELEASE_SCRIPT, call, call_once
 from .engine.watchdog import server_id, watchdog
+from .lockspec import FencedCall
 
 logger = logging.getLogger("django_rlock")
 
@@ -391,7 +393,7 @@ def run_task(spec: Any, wrapper: Callable[..., Any], func: Callable[..., Any], n
         if verdict is not None:
             logger.info("django-rlock: %s[%s] redelivered, lock %r was busy: running it now: "
                         "%s", task.name, task.request.id, name, verdict.why)
-        if spec.drop_redelivered and getattr(task, "acks_late", False):
+        if spec.drop_redelivered and getattr(task, "acks_late", False) and _watchable(lock):
             booking = _book(spec, name, task)
         if spec.hold_at_least is not None:
             # The lock outlives a quick run as a lease for the rest of the window; the
@@ -433,13 +435,16 @@ def _book(spec: Any, name: str, task: Any) -> redelivery.Run | None:
     return booking
 
 
+def _watchable(lock: Any) -> bool:
+    """A lock with one hash key whose fields are owners (``RLock`` and its fair, fenced and
+    non-reentrant kinds): what ``redelivery`` can watch."""
+    return isinstance(lock, (RLock, FencedCall))
+
+
 def _judge(spec: Any, lock: Any, name: str, task: Any) -> redelivery.Verdict:
     """Whether the busy lock is held by this message's own first delivery, alive or dead."""
     client, prefix, watchdog_timeout = spec.where()
-    try:
-        lock_key = lock.key
-    except AttributeError:
-        lock_key = None
+    lock_key = lock.key if _watchable(lock) else None
     return redelivery.decide(client, prefix, name, lock_key, task.request.id, watchdog_timeout)
 
 

@@ -87,11 +87,13 @@ def _text(value: Any) -> str:
 
 def decide(client: Any, prefix: str, name: str, lock_key: str | None, task_id: str,
            watchdog_timeout: float) -> Verdict:
-    """The verdict on a redelivered copy of ``task_id`` that found lock ``name`` busy; waits
+    """The verdict on a redelivered copy of ``task_id`` that found lock ``name`` (its key
+    ``lock_key``: None for a lock this cannot watch) busy; waits
     (polling) up to about one and a half watchdog timeouts for a dead holder's lock to end."""
-    if lock_key is None:  # a lock over several servers (MultiLock/RedLock): no one key to watch
-        return Verdict(DROP, "its lock spans several servers: the first delivery is assumed "
-                             "to still run")
+    if lock_key is None:  # a lock over several servers, a semaphore, a read-write lock...
+        return Verdict(DROP, "its lock (over several servers, or of a kind without one owner "
+                             "field) cannot be watched: the first delivery is assumed to still "
+                             "run")
     booked = {_text(t): _text(f) for f, t in client.hgetall(record_key(prefix, name)).items()}
     owner = booked.get(task_id)
     if owner is None:
