@@ -53,33 +53,41 @@ def test_copy_of_a_killed_first_delivery_runs_once_its_lock_expires(crash_worker
     assert not locks.exists("ct:rlock:taskrun:crash:a")  # the run record is cleared
 
 
-def test_copy_finding_another_holder_answers_on_busy(crash_worker, locks, log, lock_settings):
+@pytest.mark.parametrize("key, why", [
+    ("b", "its first delivery's worker died and its lock expired; another call holds the "
+          "lock now"),
+    # As if its first delivery never started (prefetched by a worker that died): no booking.
+    ("c", "its first delivery never held the lock (it never started): another call holds it"),
+])
+def test_copy_finding_another_holder_answers_on_busy(crash_worker, locks, log, lock_settings,
+                                                     key, why):
     """The first delivery dies, then another call takes the lock: the copy retries (its
     on_busy) and runs after that holder, not dropped."""
     from django_rlock import get_lock
     from tests.celery.crash_tasks import crashy_retry
 
-    result = crashy_retry.apply_async(("b", 60), queue="crash")
-    first = wait_for(lambda: entries(log, "start", "b"))[0]
+    result = crashy_retry.apply_async((key, 60), queue="crash")
+    first = wait_for(lambda: entries(log, "start", key))[0]
     # Freeze the worker's main process so the requeued copy arrives only after the web call
     # below holds the lock (as if the dead child's lock had expired and it got it then).
     os.kill(crash_worker.proc.pid, signal.SIGSTOP)
     try:
         os.kill(int(first[1]), signal.SIGKILL)
-        locks.delete("ct:rlock:crash:b")  # the dead child's lock, expired
-        web = get_lock("crash:b")
+        locks.delete(f"ct:rlock:crash:{key}")  # the dead child's lock, expired
+        if key == "c":
+            locks.delete(f"ct:rlock:taskrun:crash:{key}")
+        web = get_lock(f"crash:{key}")
         assert web.try_lock(0, 3)  # the retry comes after its Retry-After (its lease)
     finally:
         os.kill(crash_worker.proc.pid, signal.SIGCONT)
     try:
-        wait_for(lambda: "answered as a busy call" in crash_worker.logfile.read_text(),
-                 timeout=20)
-        assert entries(log, "end", "b") == []
+        line = (f"crash_tasks.crashy_retry[{result.id}] redelivered, lock 'crash:{key}' busy: "
+                f"answered as a busy call (on_busy): {why}")
+        wait_for(lambda: line in crash_worker.logfile.read_text(), timeout=20)
+        assert entries(log, "end", key) == []
     finally:
         web.unlock()
     freed = time.time()
     assert result.get(timeout=60) == "done"
-    ends = entries(log, "end", "b")
+    ends = entries(log, "end", key)
     assert len(ends) == 1 and float(ends[0][2]) >= freed
-    assert "its first delivery's worker died and its lock expired; another call holds the " \
-           "lock now" in crash_worker.logfile.read_text()
