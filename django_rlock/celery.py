@@ -15,6 +15,10 @@ Enqueue-time de-duplication (``@locked(..., dedupe=True)`` with ``base=LockedTas
 identical call (same task, same canonically bound arguments) is queued or running, ``delay()``
 / ``apply_async()`` enqueue nothing and return the existing task's ``AsyncResult``.
 
+A redelivered message (``acks_late``) that finds its lock busy is dropped only if its own
+first delivery holds the lock and is alive; it runs once a dead first delivery's lock expires,
+and is answered ``on_busy`` when another call holds it (``django_rlock.redelivery``).
+
 A task body inside ``transaction.atomic()`` keeps its lock (and de-dup mark) until that
 transaction ends, as any ``@locked`` call does (``until_commit``).
 
@@ -194,9 +198,11 @@ class LockedTask(Task):
     """Task base class for ``@locked(..., dedupe=True)``: refuses to enqueue a duplicate.
 
     ``dedupe_ttl`` (seconds) bounds how long a mark lives while its task waits in the queue
-    (a message lost with a dead worker frees it then); while the task runs, the worker's
-    watchdog keeps it alive, and it is released when the task finishes in any state or is
-    revoked. The task's own retries reuse its mark.
+    (a message lost with a dead worker frees it then), counted from its ``countdown``/``eta``
+    and never past its ``expires``; while the task runs, the worker's watchdog keeps it
+    alive, and it is released when the task finishes in any state or is revoked. The task's
+    own retries reuse its mark. A call carrying callbacks (``link``, ``link_error``, a chain,
+    a chord) is never turned away: it would lose them.
     """
 
     abstract = True
@@ -212,9 +218,8 @@ class LockedTask(Task):
         client, prefix, _ = spec.where()
         key = prefix + name
         ttl_ms = max(1, math.ceil(mark_ttl(self, options) * 1000))
-        carried = [o for o in CALLBACK_OPTIONS if options.get(o)] + \
-            [o for o, v in zip(("producer", "link", "link_error"), rest, strict=False)
-             if v and o != "producer"]
+        carried = [o for o in CALLBACK_OPTIONS if options.get(o)]  # (rest: producer, link, ...)
+        carried += [o for o, v in zip(("link", "link_error"), rest[1:3], strict=False) if v]
         field = _field(task_id)
         keys = (key, index_for(client, prefix, key))
         try:
@@ -248,7 +253,6 @@ class LockedTask(Task):
         except BaseException:
             call(client, MARK_RELEASE_SCRIPT, keys, (field,))
             raise
-
 
     def revoke_call(self, args: Any = None, kwargs: Any = None, **revoke_options: Any) -> str | None:
         """Revoke the queued (or running) identical call of ``args``/``kwargs`` and free its
