@@ -15,6 +15,10 @@ Enqueue-time de-duplication (``@locked(..., dedupe=True)`` with ``base=LockedTas
 identical call (same task, same canonically bound arguments) is queued or running, ``delay()``
 / ``apply_async()`` enqueue nothing and return the existing task's ``AsyncResult``.
 
+A redelivered message (``acks_late``) that finds its lock busy is dropped only if its own
+first delivery holds the lock and is alive; it runs once a dead first delivery's lock expires,
+and is answered ``on_busy`` when another call holds it (``django_rlock.redelivery``).
+
 A task body inside ``transaction.atomic()`` keeps its lock (and de-dup mark) until that
 transaction ends, as any ``@locked`` call does (``until_commit``).
 
@@ -39,7 +43,7 @@ from celery.exceptions import Ignore, Retry
 from celery.signals import task_postrun, task_revoked
 from celery.utils import uuid
 
-from . import answers, transaction
+from . import answers, redelivery, transaction
 from .answers import unreachable
 from .decorators import (
     TaskHooks,
@@ -53,8 +57,10 @@ from .decorators import (
 )
 from .engine import LockBusy, taskmark
 from .engine.clients import for_key, index_for
+from .engine.lock import RLock
 from .engine.scripts import MARK_CLAIM_SCRIPT, MARK_RELEASE_SCRIPT, call, call_once
 from .engine.watchdog import server_id, watchdog
+from .lockspec import FencedCall
 
 logger = logging.getLogger("django_rlock")
 
@@ -129,8 +135,59 @@ def dedupe_name(task: Any, args: Any = None, kwargs: Any = None) -> str:
     ``f(1, b=2)`` and ``f(a=1, b=2)`` bind alike, defaults are filled in, so both name one mark.
     """
     values = bound_arguments(_call_signature(task), tuple(args or ()), dict(kwargs or {}))
-    canonical = json.dumps(values, sort_keys=True, separators=(",", ":"), default=repr)
+    try:
+        canonical = _canonical(values)
+    except TypeError as exc:  # a dict whose keys cannot be sorted ({1: "a", "b": 2})
+        bad = next((k for k, v in values.items() if not _canonicalises(v)), None)
+        raise TypeError(f"de-duplicated task {task.name!r}: argument {bad!r} cannot be put in "
+                        f"canonical form to name its de-dup mark ({exc}); dict keys of mixed "
+                        f"types cannot be sorted: use keys of one type") from None
     return f"dedupe:{task.name}:{hashlib.sha1(canonical.encode()).hexdigest()[:24]}"
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=repr)
+
+
+def _canonicalises(value: Any) -> bool:
+    try:
+        _canonical(value)
+    except TypeError:
+        return False
+    return True
+
+
+#: Options that make a call more than its task: a turned-away call would lose them.
+CALLBACK_OPTIONS = ("link", "link_error", "chain", "chord")
+
+
+def _seconds_until(when: Any, app: Any) -> float | None:
+    """Seconds from now until ``when`` (seconds from now, a datetime or an ISO 8601 str)."""
+    if when is None:
+        return None
+    if isinstance(when, (int, float)):
+        return float(when)
+    from datetime import datetime
+
+    from celery.utils.time import maybe_make_aware
+
+    if isinstance(when, str):
+        when = datetime.fromisoformat(when)
+    if not isinstance(when, datetime):
+        return None
+    return (maybe_make_aware(when, app.timezone) - app.now()).total_seconds()
+
+
+def mark_ttl(task: Any, options: dict[str, Any]) -> float:
+    """How long a queued call's mark lives: ``dedupe_ttl`` past the time it may start (its
+    ``countdown``/``eta``), and never past its ``expires`` (an expired message never runs, so
+    its mark must not refuse a new call)."""
+    start = _seconds_until(options.get("countdown"), task.app)
+    if start is None:
+        start = _seconds_until(options.get("eta"), task.app)
+    ttl = max(0.0, start or 0.0) + float(task.dedupe_ttl)
+    expires = _seconds_until(options.get("expires", getattr(task, "expires", None)), task.app)
+    return ttl if expires is None else min(ttl, expires)
 
 
 def _field(task_id: str) -> str:
@@ -141,9 +198,11 @@ class LockedTask(Task):
     """Task base class for ``@locked(..., dedupe=True)``: refuses to enqueue a duplicate.
 
     ``dedupe_ttl`` (seconds) bounds how long a mark lives while its task waits in the queue
-    (a message lost with a dead worker frees it then); while the task runs, the worker's
-    watchdog keeps it alive, and it is released when the task finishes in any state or is
-    revoked. The task's own retries reuse its mark.
+    (a message lost with a dead worker frees it then), counted from its ``countdown``/``eta``
+    and never past its ``expires``; while the task runs, the worker's watchdog keeps it
+    alive, and it is released when the task finishes in any state or is revoked. The task's
+    own retries reuse its mark. A call carrying callbacks (``link``, ``link_error``, a chain,
+    a chord) is never turned away: it would lose them.
     """
 
     abstract = True
@@ -158,7 +217,9 @@ class LockedTask(Task):
         task_id = task_id or uuid()
         client, prefix, _ = spec.where()
         key = prefix + name
-        ttl_ms = max(1, math.ceil(float(self.dedupe_ttl) * 1000))
+        ttl_ms = max(1, math.ceil(mark_ttl(self, options) * 1000))
+        carried = [o for o in CALLBACK_OPTIONS if options.get(o)]  # (rest: producer, link, ...)
+        carried += [o for o, v in zip(("link", "link_error"), rest[1:3], strict=False) if v]
         field = _field(task_id)
         keys = (key, index_for(client, prefix, key))
         try:
@@ -171,16 +232,57 @@ class LockedTask(Task):
             # while Redis is down), so a duplicate may run after this one, never beside it.
             answers.backend_down(spec, name, exc)
             return super().apply_async(args, kwargs, task_id, *rest, **options)
+        if holder is not None and carried:
+            # A turned-away call would lose its callbacks (a chain's next step, a chord's
+            # count): it is enqueued; its run still takes the task's lock.
+            existing = (holder.decode() if isinstance(holder, bytes) else holder).rsplit(":", 1)[0]
+            logger.info("django-rlock: enqueueing %s beside the identical task %s: it carries "
+                        "%s, which a turned-away call would lose", self.name, existing,
+                        "/".join(carried))
+            return super().apply_async(args, kwargs, task_id, *rest, **options)
         if holder is not None:
             existing = (holder.decode() if isinstance(holder, bytes) else holder).rsplit(":", 1)[0]
             logger.info("django-rlock: not enqueueing %s: the identical task %s is queued or running",
                         self.name, existing)
             return self.AsyncResult(existing)
+        current = get_current_task()
+        if current is not None and getattr(current.request, "id", None) == task_id:
+            _requeued[field] = ttl_ms  # a retry: its run puts this TTL back once it stops renewing
         try:
             return super().apply_async(args, kwargs, task_id, *rest, **options)
         except BaseException:
             call(client, MARK_RELEASE_SCRIPT, keys, (field,))
             raise
+
+    def revoke_call(self, args: Any = None, kwargs: Any = None, **revoke_options: Any) -> str | None:
+        """Revoke the queued (or running) identical call of ``args``/``kwargs`` and free its
+        de-dup mark now, so the same call can be enqueued again at once.
+
+        A plain ``revoke()`` frees the mark only when a worker meets the revoked message, and
+        until then ``delay()`` returns the revoked task's id. ``revoke_options`` go to
+        ``app.control.revoke`` (``terminate=True`` stops a running one; without it a running
+        task goes on, and a new identical call waits for its lock). Returns the revoked task's
+        id, or None if no identical call holds a mark.
+        """
+        spec = _spec_of(self)
+        if spec is None or not spec.dedupe:
+            raise TypeError(f"revoke_call: task {self.name!r} is not @locked(..., dedupe=True)")
+        name = dedupe_name(self, args, kwargs)  # wrong arguments fail here, before any command
+        client, prefix, _ = spec.where()
+        key = prefix + name
+        fields = client.hkeys(key)
+        if not fields:
+            return None
+        field = fields[0].decode() if isinstance(fields[0], bytes) else str(fields[0])
+        task_id = field.rsplit(":", 1)[0]
+        self.app.control.revoke(task_id, **revoke_options)
+        call(client, MARK_RELEASE_SCRIPT, (key, index_for(client, prefix, key)), (field,))
+        return task_id
+
+
+#: Mark field -> TTL (ms) its task's retry set when re-enqueued; the running task's watchdog may
+#: renew the mark to its own timeout after that, so the run sets it again when it stops.
+_requeued: dict[str, int] = {}
 
 
 class _Mark:
@@ -212,10 +314,14 @@ class _Mark:
     def finish(self, release: bool, until_commit: bool) -> None:
         """Stop renewing; with ``release``, delete the mark (with ``until_commit``: once the
         transactions around the task end, like its lock)."""
+        ttl_ms = _requeued.pop(self.field, None)
         if not self.held:
             return
         if not release:
             watchdog().forget(self.k)  # a retry keeps the mark on the TTL its re-enqueue set
+            if ttl_ms is not None:
+                call(self.caller, MARK_CLAIM_SCRIPT, self.keys,
+                     (self.field, ttl_ms, taskmark.entry(self.field, taskmark.QUEUED, self.name)))
         elif until_commit:
             transaction.TransactionRelease(self._release, self.key).done()
         else:
@@ -262,6 +368,11 @@ def run_task(spec: Any, wrapper: Callable[..., Any], func: Callable[..., Any], n
             mark.adopt()
         lock = spec.sync_lock(name)
         got = lock.try_lock(spec.wait, spec.lease)
+        verdict = None
+        if not got and spec.drop_redelivered and _redelivered(task):
+            verdict = _judge(spec, lock, name, task)
+            if verdict.action == redelivery.RUN:  # the dead holder's lock has expired
+                got = lock.try_lock(spec.wait, spec.lease)
         ttl = None if got else busy_ttl(lock)
     except Exception as exc:
         if not unreachable(exc):
@@ -271,17 +382,25 @@ def run_task(spec: Any, wrapper: Callable[..., Any], func: Callable[..., Any], n
         return retry_unavailable(task, spec, name, exc)
     answers.backend_up(spec)
     retrying = False
+    booking = None
     times = spec.hold_times if spec.hold_at_least is None else None
     try:
         if not got:
             busy = turned_away(spec, lock, ttl)
-            if spec.drop_redelivered and (task.request.delivery_info or {}).get("redelivered"):
-                # The broker redelivered a message whose first delivery still runs
-                # (visibility timeout shorter than the task): drop this copy quietly.
-                logger.info("django-rlock: %s[%s] redelivered while lock %r is held: ignored",
-                            task.name, task.request.id, name)
+            if verdict is not None and verdict.action == redelivery.DROP:
+                logger.info("django-rlock: %s[%s] redelivered, lock %r busy: dropped this copy: "
+                            "%s", task.name, task.request.id, name, verdict.why)
                 raise Ignore()
+            if verdict is not None:
+                logger.info("django-rlock: %s[%s] redelivered, lock %r busy: answered as a "
+                            "busy call (on_busy): %s", task.name, task.request.id, name,
+                            verdict.why)
             return on_busy(busy)
+        if verdict is not None:
+            logger.info("django-rlock: %s[%s] redelivered, lock %r was busy: running it now: "
+                        "%s", task.name, task.request.id, name, verdict.why)
+        if spec.drop_redelivered and getattr(task, "acks_late", False) and _watchable(lock):
+            booking = _book(spec, name, task)
         if spec.hold_at_least is not None:
             # The lock outlives a quick run as a lease for the rest of the window; the
             # de-dup mark does not (an identical task may be queued: it is turned away).
@@ -298,8 +417,41 @@ def run_task(spec: Any, wrapper: Callable[..., Any], func: Callable[..., Any], n
         retrying = True
         raise
     finally:
+        if booking is not None:
+            booking.end(verdict.dead_owner if verdict is not None else None)
         if mark is not None:
             mark.finish(release=not retrying, until_commit=spec.until_commit)
+
+
+def _redelivered(task: Any) -> bool:
+    return bool((getattr(task, "request", None) and task.request.delivery_info or {})
+                .get("redelivered"))
+
+
+def _book(spec: Any, name: str, task: Any) -> redelivery.Run | None:
+    """Book this run's hold, so a redelivered copy of its message can tell it is ours."""
+    client, prefix, _ = spec.where()
+    booking = redelivery.Run(client, prefix, name, task.request.id)
+    try:
+        booking.begin()
+    except Exception as exc:  # the lock is ours already: run; a copy will answer on_busy
+        logger.warning("django-rlock: could not book the run of %s[%s] under lock %r: %s",
+                       task.name, task.request.id, name, exc)
+        return None
+    return booking
+
+
+def _watchable(lock: Any) -> bool:
+    """A lock with one hash key whose fields are owners (``RLock`` and its fair, fenced and
+    non-reentrant kinds): what ``redelivery`` can watch."""
+    return isinstance(lock, (RLock, FencedCall))
+
+
+def _judge(spec: Any, lock: Any, name: str, task: Any) -> redelivery.Verdict:
+    """Whether the busy lock is held by this message's own first delivery, alive or dead."""
+    client, prefix, watchdog_timeout = spec.where()
+    lock_key = lock.key if _watchable(lock) else None
+    return redelivery.decide(client, prefix, name, lock_key, task.request.id, watchdog_timeout)
 
 
 @task_postrun.connect(weak=False, dispatch_uid="django_rlock.release_ended")

@@ -11,7 +11,8 @@ from celery import Celery  # noqa: E402
 
 app = Celery("rlocktests", broker=os.environ["RLOCK_TEST_BROKER"],
              backend=os.environ["RLOCK_TEST_BACKEND"],
-             include=["tests.celery.tasks", "tests.celery.rate_tasks", "tests.celery.answer_tasks"])
+             include=["tests.celery.tasks", "tests.celery.rate_tasks", "tests.celery.answer_tasks",
+                      "tests.celery.crash_tasks"])
 app.conf.update(
     worker_prefetch_multiplier=1,
     task_track_started=True,
