@@ -18,8 +18,16 @@ import pytest
 import redis
 
 from django_rlock.engine.fair import TURN_MS, FairLock
-from django_rlock.engine.naming import fair_ours
-from tests.engine.test_fair import acquire, release, scores, server_ms, until
+from django_rlock.engine.naming import fair_ours, lock_channel
+from tests.engine.test_fair import (
+    Counter,
+    acquire,
+    give_up,
+    release,
+    scores,
+    server_ms,
+    until,
+)
 
 ROOT = Path(__file__).parents[2]
 #: What the tests allow a dead waiter's turn to cost at most (s): TURN_MS and a loaded CI.
@@ -210,3 +218,51 @@ def test_no_turn_begins_or_ends_while_the_lock_is_held(r):
     assert release(r, name, "holder:1", lease) == 1
     assert int(r.hget(okey, "a:1")) == pytest.approx(server_ms(r) + TURN_MS, abs=200)
     assert acquire(r, name, "a:1", wait, lease) is None
+
+
+def test_a_turn_wakes_a_watcher_behind_a_long_run_of_its_process(r):
+    """Direct script calls: 40 waiters of one process (a worker's threads, all killed with it)
+    first in line, one of another process behind: the turn's start wakes that one, so the
+    whole run costs one turn, not the live waiter's park bound (a lease)."""
+    name, lease, wait = "run", 1_000_000, 300_000
+    assert acquire(r, name, "holder:1", wait, lease) is None
+    for n in range(1, 41):
+        assert acquire(r, name, f"p:{n}", wait, lease) > 0
+    assert acquire(r, name, "q:1", wait, lease) > 0
+    counter = Counter(r, name)
+    assert release(r, name, "holder:1", lease) == 1  # p:1's turn begins
+    counts = counter.close()
+    assert counts.get(f"{lock_channel(name)}:q:1") == 1, counts
+    assert counts.get(f"{lock_channel(name)}:p:1") == 1, counts
+
+
+def test_a_watcher_that_gives_up_hands_the_watch_on(r):
+    """Direct script calls: the waiter woken to watch a head's turn gives up (its budget was
+    short): the next waiter of another process is woken to watch in its place."""
+    name, lease, wait = "watch", 1_000_000, 300_000
+    assert acquire(r, name, "holder:1", wait, lease) is None
+    for owner in ("d:1", "w:1", "x:1"):
+        assert acquire(r, name, owner, wait, lease) > 0
+    assert release(r, name, "holder:1", lease) == 1  # d:1's turn; w:1 watches
+    counter = Counter(r, name)
+    assert give_up(r, name, "w:1", wait) == 1
+    counts = counter.close()
+    assert counts.get(f"{lock_channel(name)}:x:1") == 1, counts
+
+
+def test_a_live_waiter_dropped_with_its_process_head_is_told(r):
+    """Direct script calls: the head's turn lapsed (its event loop blocked) and a live thread
+    of its process right behind it is dropped with it: both are told, so the thread asks again
+    at once and queues at the back rather than sleeping to its park bound."""
+    name, lease, wait = "along", 1_000_000, 300_000
+    assert acquire(r, name, "holder:1", wait, lease) is None
+    for owner in ("a:1", "a:2", "b:1"):
+        assert acquire(r, name, owner, wait, lease) > 0
+    assert release(r, name, "holder:1", lease) == 1
+    r.hset(fair_ours(name), "a:1", int(server_ms(r)) - 1)  # its turn is over
+    counter = Counter(r, name)
+    assert acquire(r, name, "b:1", wait, lease) is None  # a:1 and a:2 dropped; b:1 takes it
+    counts = counter.close()
+    assert counts.get(f"{lock_channel(name)}:a:2") == 1, counts
+    assert acquire(r, name, "a:2", wait, lease) > 0  # alive: it queues again
+    assert r.lrange(f"redisson_lock_queue:{{{name}}}", 0, -1) == [b"a:2"]

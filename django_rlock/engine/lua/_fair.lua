@@ -1,6 +1,6 @@
 -- Snippet: what every fair-lock script starts with: `now` (server time, ms), `prune()`,
--- `keep(ours)`, `notify(msg, head)`, `own(owner)`, `proc(owner)` and
--- `begin(msg, head, caller, v)`. Every
+-- `keep(ours)`, `notify(msg, head)`, `own(owner)`, `proc(owner)`, `watch(msg, head, caller)`
+-- and `begin(msg, head, caller, v)`. Every
 -- fair-lock script takes KEYS[1] lock hash, KEYS[2] lock channel (a waiter's is KEYS[2] .. ':'
 -- .. owner), KEYS[3] index, KEYS[4] queue list, KEYS[5] timeout zset, KEYS[6] our waiters
 -- (hash owner -> 0, or the end of its turn, ms). {{SLACK_MS}}: how long the line outlives its
@@ -49,21 +49,31 @@ end
 local function proc(owner)
   return string.match(owner, '^(.*):')
 end
+-- Wake the first waiter behind `head` of another process than head's (a dead process's
+-- waiters all died with it), unless it is `caller`: it parks until head's turn ends, then
+-- drops the head if it is still there. Looked for 16 places at a time, up to 1,024
+-- places (a process of many threads may fill the line: one LRANGE in the common case).
+local function watch(msg, head, caller)
+  local p = proc(head)
+  local from = 1
+  while from <= 1024 do
+    local behind = redis.call('lrange', KEYS[4], from, from + 15)
+    for i = 1, #behind do
+      if proc(behind[i]) ~= p then
+        if behind[i] ~= caller then notify(msg, behind[i]) end
+        return
+      end
+    end
+    if #behind < 16 then return end
+    from = from + 16
+  end
+end
 -- The lock is free and `head` first in line, `v` its own(): begin its turn, if it is ours and
--- none is under way (a lapsed one, the lock taken by someone else since, begins anew). The
--- first waiter behind it of another process (a dead process's waiters all died) is woken,
--- unless it is `caller`: it parks until that turn's end, then drops the head if it is still
--- there. True if begun (the caller wakes `head`).
+-- none is under way (a lapsed one, the lock taken by someone else since, begins anew), and
+-- wake its watcher (`watch`). True if begun (the caller wakes `head`).
 local function begin(msg, head, caller, v)
   if not head or not v or v > now then return false end
   redis.call('hset', KEYS[6], head, now + {{TURN_MS}})
-  local p = proc(head)
-  local behind = redis.call('lrange', KEYS[4], 1, 16)
-  for i = 1, #behind do
-    if proc(behind[i]) ~= p then
-      if behind[i] ~= caller then notify(msg, behind[i]) end
-      break
-    end
-  end
+  watch(msg, head, caller)
   return true
 end

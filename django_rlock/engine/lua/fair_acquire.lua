@@ -31,6 +31,9 @@ if free and head and head ~= ARGV[2] then
     redis.call('lpop', KEYS[4])
     redis.call('zrem', KEYS[5], head)
     redis.call('hdel', KEYS[6], head)
+    -- Told, in case it lives (a frozen loop's head takes a live thread of its process along):
+    -- it asks again at once and queues at the back, instead of at its park bound.
+    notify(ARGV[5], head)
     local more
     more, head = prune()
     pruned = pruned + 1 + more

@@ -1,6 +1,7 @@
 -- Redisson's acquireFailed: a fair-lock waiter gives up (budget spent, error, cancelled).
 -- Everyone behind it moves up by its allowance; if it was first in line and the lock is free,
--- the new head is woken (its turn begun if it is ours). The line left expires at its (new)
+-- the new head is woken (its turn begun if it is ours); if it was behind a head of ours whose
+-- turn is under way, the next waiter of another process watches that turn instead. The line left expires at its (new)
 -- last deadline plus the slack.
 -- KEYS[1] lock hash, KEYS[2] lock channel (a waiter's is KEYS[2] .. ':' .. owner), KEYS[3] index,
 -- KEYS[4] queue list, KEYS[5] timeout zset, KEYS[6] our waiters.
@@ -24,6 +25,12 @@ local head = nil
 if i == 1 and redis.call('exists', KEYS[1]) == 0 then
   head = redis.call('lindex', KEYS[4], 0)
   if head then begin(ARGV[3], head, nil, own(head)) end
+elseif i > 1 and proc(ARGV[1]) ~= proc(q[1]) and redis.call('exists', KEYS[1]) == 0 then
+  -- The head's turn is under way and the one leaving may have been its watcher (woken to
+  -- drop the head if the turn lapses): the next one watches, or nobody would look before
+  -- its own park bound (the holder's PTTL when it last asked: up to a lease).
+  local v = own(q[1])
+  if v and v > now then watch(ARGV[3], q[1], nil) end
 end
 if #q > 1 then keep() end
 notify(ARGV[3], head)
