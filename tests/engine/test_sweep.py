@@ -189,7 +189,8 @@ def test_a_server_turned_replica_fails_its_rounds_quietly(own_server, fast, capl
         with caplog.at_level(logging.DEBUG, logger="django_rlock"):
             assert until(lambda: watchdog().sweeper.rounds - rounds >= 5)
         failed = [rec.getMessage() for rec in caplog.records if "index sweep" in rec.getMessage()]
-        assert any("ReadOnlyError" in msg for msg in failed), failed
+        # ReadOnlyError on Redis 7; Redis 6.2 answers the pipelined script a ResponseError
+        assert any("ReadOnlyError" in msg or "READONLY" in msg for msg in failed), failed
         assert sum(rec.levelno >= logging.WARNING for rec in caplog.records
                    if "index sweep" in rec.getMessage()) <= 1
         assert other.hexists(index_key("sw7:"), "sw7:gone")  # refused, not half done
