@@ -58,6 +58,7 @@ from .decorators import (
 from .engine import LockBusy, taskmark
 from .engine.clients import for_key, index_for
 from .engine.lock import RLock
+from .engine.rwlock import ReadLock, WriteLock
 from .engine.scripts import MARK_CLAIM_SCRIPT, MARK_RELEASE_SCRIPT, call, call_once
 from .engine.watchdog import server_id, watchdog
 from .lockspec import FencedCall
@@ -202,7 +203,8 @@ class LockedTask(Task):
     and never past its ``expires``; while the task runs, the worker's watchdog keeps it
     alive, and it is released when the task finishes in any state or is revoked. The task's
     own retries reuse its mark. A call carrying callbacks (``link``, ``link_error``, a chain,
-    a chord) is never turned away: it would lose them.
+    a chord), a chain's last step, a group's member or a call given its ``task_id`` is never
+    turned away: it would lose them, or leave an id that never gets a result.
     """
 
     abstract = True
@@ -214,12 +216,24 @@ class LockedTask(Task):
         if spec is None or not spec.dedupe or self.app.conf.task_always_eager:
             return super().apply_async(args, kwargs, task_id, *rest, **options)
         name = dedupe_name(self, args, kwargs)  # wrong arguments fail here, before any command
-        task_id = task_id or uuid()
         client, prefix, _ = spec.where()
         key = prefix + name
         ttl_ms = max(1, math.ceil(mark_ttl(self, options) * 1000))
         carried = [o for o in CALLBACK_OPTIONS if options.get(o)]  # (rest: producer, link, ...)
         carried += [o for o, v in zip(("link", "link_error"), rest[1:3], strict=False) if v]
+        # Calls whose id is kept elsewhere before they are sent: a chain's last step (sent
+        # with an empty ``chain``), a group's member (its group result holds the id), a caller
+        # that chose the id. Turned away, that id would never get a result (``.get()`` hangs).
+        current = get_current_task()
+        retry_of_current = (task_id is not None and current is not None
+                            and getattr(current.request, "id", None) == task_id)
+        if "chain" in options and "chain" not in carried:
+            carried.append("chain")
+        if options.get("group_id"):
+            carried.append("group_id")
+        if task_id is not None and not retry_of_current:
+            carried.append("task_id")
+        task_id = task_id or uuid()
         field = _field(task_id)
         keys = (key, index_for(client, prefix, key))
         try:
@@ -245,8 +259,7 @@ class LockedTask(Task):
             logger.info("django-rlock: not enqueueing %s: the identical task %s is queued or running",
                         self.name, existing)
             return self.AsyncResult(existing)
-        current = get_current_task()
-        if current is not None and getattr(current.request, "id", None) == task_id:
+        if retry_of_current:
             _requeued[field] = ttl_ms  # a retry: its run puts this TTL back once it stops renewing
         try:
             return super().apply_async(args, kwargs, task_id, *rest, **options)
@@ -261,7 +274,7 @@ class LockedTask(Task):
         A plain ``revoke()`` frees the mark only when a worker meets the revoked message, and
         until then ``delay()`` returns the revoked task's id. ``revoke_options`` go to
         ``app.control.revoke`` (``terminate=True`` stops a running one; without it a running
-        task goes on, and a new identical call waits for its lock). Returns the revoked task's
+        task goes on, and a new identical call meets its lock: `on_busy`, skipped by default). Returns the revoked task's
         id, or None if no identical call holds a mark.
         """
         spec = _spec_of(self)
@@ -399,7 +412,7 @@ def run_task(spec: Any, wrapper: Callable[..., Any], func: Callable[..., Any], n
         if verdict is not None:
             logger.info("django-rlock: %s[%s] redelivered, lock %r was busy: running it now: "
                         "%s", task.name, task.request.id, name, verdict.why)
-        if spec.drop_redelivered and getattr(task, "acks_late", False) and _watchable(lock):
+        if spec.drop_redelivered and getattr(task, "acks_late", False) and watchable(spec, lock):
             booking = _book(spec, name, task)
         if spec.hold_at_least is not None:
             # The lock outlives a quick run as a lease for the rest of the window; the
@@ -412,6 +425,9 @@ def run_task(spec: Any, wrapper: Callable[..., Any], func: Callable[..., Any], n
         finally:
             if times is not None:
                 times.add(time.monotonic() - t0)
+            if booking is not None:  # done before the release: a copy that sees the lock
+                booking.end(verdict.dead_owner if verdict is not None else None)  # gone
+                booking = None  # finds the run done, never taken for a dead one
             hold.done()
     except Retry:
         retrying = True
@@ -441,16 +457,19 @@ def _book(spec: Any, name: str, task: Any) -> redelivery.Run | None:
     return booking
 
 
-def _watchable(lock: Any) -> bool:
+def watchable(spec: Any, lock: Any) -> bool:
     """A lock with one hash key whose fields are owners (``RLock`` and its fair, fenced and
-    non-reentrant kinds): what ``redelivery`` can watch."""
-    return isinstance(lock, (RLock, FencedCall))
+    non-reentrant kinds, not the read-write ones, whose fields say ``:read``/``:write``),
+    renewed by the watchdog (a fixed lease runs out beside a live holder): what
+    ``redelivery`` can watch."""
+    return (isinstance(lock, (RLock, FencedCall)) and not isinstance(lock, (ReadLock, WriteLock))
+            and spec.lease is None)
 
 
 def _judge(spec: Any, lock: Any, name: str, task: Any) -> redelivery.Verdict:
     """Whether the busy lock is held by this message's own first delivery, alive or dead."""
     client, prefix, watchdog_timeout = spec.where()
-    lock_key = lock.key if _watchable(lock) else None
+    lock_key = lock.key if watchable(spec, lock) else None
     return redelivery.decide(client, prefix, name, lock_key, task.request.id, watchdog_timeout)
 
 

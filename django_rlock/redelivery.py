@@ -12,13 +12,19 @@ A broker hands a message out again in cases that look alike to the copy:
 
 The lock cannot tell these apart, so a Celery run of an ``acks_late`` ``@locked`` task books
 its hold in a run record: the hash ``<prefix>taskrun:<lock name>``, field the lock's owner field
-(``<client uuid>:<thread>``), value the task id; written after the lock is taken, deleted
-after it is released. A copy finds its own task id there only if its first delivery took the
-lock and did not finish. It then watches the lock (PTTL and that owner's field, one round trip
-a poll): a live holder's watchdog pushes the deadline out every third of the watchdog timeout
-(drop); a dead holder's deadline only comes closer and the key vanishes at it (run); a key
-gone well before its deadline was released by a holder that finished (drop); an owner field
-gone from a live key means the dead holder's lock expired and another call took it (busy).
+(``<client uuid>:<thread>``), value the task id; written after the lock is taken, and
+marked done (``<task id> done``) *before* the lock is released, so a copy that sees the
+lock gone or taken by another call reads the run as finished, never as dead. The field is
+overwritten by that thread's next run, so the hash holds one field per worker thread that
+ran under the lock name. A copy finds its own task id there not done only if its first
+delivery took the lock and did not finish. It then watches the lock (PTTL and that
+owner's field, one round trip a poll): a live holder's watchdog pushes the deadline out
+every third of the watchdog timeout (drop); a dead holder's deadline only comes closer and
+the key vanishes at it (run, unless the run reads done: drop); a key gone well before its
+deadline was released by a holder that finished (drop); an owner field gone from a live key
+means the dead holder's lock expired and another call took it (busy), or, the run done, that
+it finished (drop). Locks it cannot watch (several servers, semaphores, read-write locks, a
+fixed ``lease``) drop the copy, as before.
 
 Early-acked tasks book nothing: their message is acked before the body runs, so a
 redelivered copy's first delivery never held the lock.
@@ -36,7 +42,7 @@ from .engine.clients import for_key
 
 logger = logging.getLogger("django_rlock")
 
-__all__ = ["BUSY", "DROP", "RUN", "Run", "Verdict", "decide", "record_key"]
+__all__ = ["BUSY", "DONE", "DROP", "RUN", "Run", "Verdict", "decide", "record_key"]
 
 #: How long a run record outlives its last write: a first delivery running longer than this
 #: is not recognised by its redelivered copy (answered as any busy call).
@@ -73,16 +79,37 @@ class Run:
         pipe.execute()
 
     def end(self, dead_owner: str | None = None) -> None:
-        """Clear this run's booking (and the dead first delivery's, which nobody else clears)."""
+        """Mark this run done (and clear the dead first delivery's booking, which nobody else
+        clears); called before the lock's release."""
         try:
-            self.client.hdel(self.key, *filter(None, (self.owner, dead_owner)))
-        except Exception as exc:  # the lock is released (or expires): a stale field is harmless
-            logger.warning("django-rlock: could not clear the run record %s of task %s: %s",
-                           self.key, self.task_id, exc)
+            pipe = self.client.pipeline(transaction=False)
+            pipe.hset(self.key, self.owner, f"{self.task_id}{DONE}")
+            if dead_owner:
+                pipe.hdel(self.key, dead_owner)
+            pipe.pexpire(self.key, RECORD_TTL_MS)
+            pipe.execute()
+        except Exception as exc:  # a copy would take a live run for a dead one: say so
+            logger.warning("django-rlock: could not mark the run of task %s done in %s (%s): "
+                           "a redelivered copy of it may take it for dead and run again",
+                           self.task_id, self.key, exc)
 
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+#: What ``Run.end`` appends to the task id: the run finished (or is releasing the lock now).
+DONE = " done"
+
+
+def _booking(client: Any, key: str, task_id: str) -> tuple[str | None, bool]:
+    """The owner field the first delivery of ``task_id`` booked (None: none), and whether
+    that run is done."""
+    for field, value in client.hgetall(key).items():
+        v = _text(value)
+        if v == task_id or v == task_id + DONE:
+            return _text(field), v != task_id
+    return None, False
 
 
 def decide(client: Any, prefix: str, name: str, lock_key: str | None, task_id: str,
@@ -94,8 +121,10 @@ def decide(client: Any, prefix: str, name: str, lock_key: str | None, task_id: s
         return Verdict(DROP, "its lock (over several servers, or of a kind without one owner "
                              "field) cannot be watched: the first delivery is assumed to still "
                              "run")
-    booked = {_text(t): _text(f) for f, t in client.hgetall(record_key(prefix, name)).items()}
-    owner = booked.get(task_id)
+    key = record_key(prefix, name)
+    owner, done = _booking(client, key, task_id)
+    if done:
+        return Verdict(DROP, "its first delivery has finished")
     if owner is None:
         return Verdict(BUSY, "its first delivery never held the lock (it never started): "
                              "another call holds it")
@@ -117,11 +146,13 @@ def decide(client: Any, prefix: str, name: str, lock_key: str | None, task_id: s
             if lower is not None and t1 < lower - 0.002:
                 return Verdict(DROP, "its first delivery released the lock before its lease "
                                      "ended (it was alive)")
-            time.sleep(step)  # a holder that released clears its booking right after
-            if not client.hexists(record_key(prefix, name), owner):
+            if _booking(client, key, task_id)[1]:  # marked done before its release
                 return Verdict(DROP, "its first delivery finished and released the lock")
             return Verdict(RUN, "its first delivery's worker died: its lock expired", owner)
         if not has:
+            if _booking(client, key, task_id)[1]:
+                return Verdict(DROP, "its first delivery finished; another call holds the "
+                                     "lock now")
             return Verdict(BUSY, "its first delivery's worker died and its lock expired; "
                                  "another call holds the lock now")
         if pttl == -1:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from celery import chain, chord
+from celery import chain, chord, group
 
 from tests.celery.conftest import entries
 
@@ -39,6 +39,19 @@ def test_chain_chord_and_link_are_not_lost_to_a_queued_duplicate(threads_worker,
         time.sleep(0.05)
     assert len(entries(log, "after", "1")) == 2  # the chain's step and the link both ran
     assert entries(log, "chord", "1,2")
+
+
+def test_calls_whose_id_is_kept_elsewhere_are_not_turned_away(threads_worker, locks, idle):
+    """A chain's last step (sent with an empty ``chain``), a group's members (the group's
+    result holds their ids) and a call given its ``task_id``: turned away, their id would
+    never get a result and ``.get()`` would hang."""
+    from tests.celery.crash_tasks import after, block
+
+    for n in (1, 3, 4):
+        block.apply_async((n,), **idle)
+    assert block.apply_async((3,), task_id="chosen-3").get(timeout=20) == 3
+    assert group(block.s(3), block.s(4)).apply_async().get(timeout=20) == [3, 4]
+    assert chain(after.s(0), block.s()).apply_async().get(timeout=20) == 1
 
 
 def test_a_mark_lives_past_the_countdown(locks, idle):

@@ -50,7 +50,8 @@ def test_copy_of_a_killed_first_delivery_runs_once_its_lock_expires(crash_worker
     assert len(ends) == 1 and ends[0][1] != first[1]  # run once, by the other child
     text = crash_worker.logfile.read_text()
     assert "running it now: its first delivery's worker died: its lock expired" in text
-    assert not locks.exists("ct:rlock:taskrun:crash:a")  # the run record is cleared
+    # The dead delivery's booking is cleared; the copy's run is marked done (before its release).
+    assert locks.hvals("ct:rlock:taskrun:crash:a") == [f"{result.id} done".encode()]
 
 
 @pytest.mark.parametrize("key, why", [
@@ -91,3 +92,50 @@ def test_copy_finding_another_holder_answers_on_busy(crash_worker, locks, log, l
     assert result.get(timeout=60) == "done"
     ends = entries(log, "end", key)
     assert len(ends) == 1 and float(ends[0][2]) >= freed
+
+
+# -- the verdict itself (redelivery.decide), on locks held in this process --------------------
+def _held(r, name: str):
+    from django_rlock.engine.lock import RLock
+
+    lock = RLock(r, name, watchdog_timeout=3.0)
+    assert lock.try_lock()
+    return lock
+
+
+def test_a_finished_first_delivery_is_never_taken_for_a_dead_one(r):
+    """Its run was marked done before its release: whether the copy then finds the lock
+    still held (releasing), gone, or taken by another call, the copy is dropped, not run."""
+    from django_rlock import redelivery
+    from django_rlock.engine.identity import thread_owner
+
+    booking = redelivery.Run(r, "rd:", "job", "t-1")
+    booking.begin()
+    booking.end()
+    assert redelivery.decide(r, "rd:", "job", "rd:job", "t-1", 3.0).action == redelivery.DROP
+    other = _held(r, "rd:job")  # another call (this thread) holds it now
+    try:
+        verdict = redelivery.decide(r, "rd:", "job", "rd:job", "t-1", 3.0)
+        assert verdict.action == redelivery.DROP, verdict
+    finally:
+        other.unlock()
+    # Booked, not done, and its lock gone at its deadline: a dead first delivery (run).
+    r.hset(redelivery.record_key("rd:", "job"), thread_owner(), "t-2")
+    verdict = redelivery.decide(r, "rd:", "job", "rd:job", "t-2", 3.0)
+    assert verdict.action == redelivery.RUN, verdict
+
+
+def test_read_write_locks_and_fixed_leases_are_not_watched(r):
+    """A write lock's field is ``<owner>:write`` and a fixed lease runs out beside a live
+    holder: the copy is dropped as before, never judged by a watch that would misread it."""
+    from types import SimpleNamespace
+
+    from django_rlock.celery import watchable
+    from django_rlock.engine.lock import RLock
+    from django_rlock.engine.rwlock import ReadWriteLock
+
+    renewed, leased = SimpleNamespace(lease=None), SimpleNamespace(lease=60.0)
+    rw = ReadWriteLock(r, "n")
+    assert watchable(renewed, RLock(r, "n"))
+    assert not watchable(renewed, rw.write_lock()) and not watchable(renewed, rw.read_lock())
+    assert not watchable(leased, RLock(r, "n"))
