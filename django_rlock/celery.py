@@ -274,8 +274,8 @@ class LockedTask(Task):
         A plain ``revoke()`` frees the mark only when a worker meets the revoked message, and
         until then ``delay()`` returns the revoked task's id. ``revoke_options`` go to
         ``app.control.revoke`` (``terminate=True`` stops a running one; without it a running
-        task goes on, and a new identical call meets its lock: `on_busy`, skipped by default). Returns the revoked task's
-        id, or None if no identical call holds a mark.
+        task goes on, and a new identical call meets its lock: ``on_busy``, skipped by
+        default). Returns the revoked task's id, or None if no identical call holds a mark.
         """
         spec = _spec_of(self)
         if spec is None or not spec.dedupe:
