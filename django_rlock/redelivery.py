@@ -11,7 +11,7 @@ A broker hands a message out again in cases that look alike to the copy:
   another call's, and the copy is answered as any busy call (``on_busy``).
 
 The lock cannot tell these apart, so a Celery run of an ``acks_late`` ``@locked`` task books
-its hold in a run record: the hash ``<prefix>taskrun:<lock name>``, field the lock's owner field
+its hold in a run record: the hash ``rlock-taskrun:<prefix><lock name>``, field the lock's owner field
 (``<client uuid>:<thread>``), value the task id; written after the lock is taken, and
 marked done (``<task id> done``) *before* the lock is released, so a copy that sees the
 lock gone or taken by another call reads the run as finished, never as dead. The field is
@@ -39,6 +39,7 @@ from typing import Any
 
 from .engine import identity
 from .engine.clients import for_key
+from .engine.naming import taskrun_key
 
 logger = logging.getLogger("django_rlock")
 
@@ -51,7 +52,8 @@ DROP, RUN, BUSY = "drop", "run", "busy"
 
 
 def record_key(prefix: str, name: str) -> str:
-    return f"{prefix}taskrun:{name}"
+    """The run record of lock ``name`` under ``prefix`` (``naming.taskrun_key``)."""
+    return taskrun_key(prefix, name)
 
 
 @dataclass(frozen=True)

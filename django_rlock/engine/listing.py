@@ -71,6 +71,7 @@ from .naming import (
     HANDOFF_WAITERS_PREFIX,
     INDEX_PREFIX,
     PROCESS_PREFIX,
+    TASKRUN_PREFIX,
     TOKEN_PREFIX,
     WAITING_PREFIX,
     glob_escape,
@@ -106,7 +107,7 @@ MAX_SHOWN = 1000
 # Keys the kinds keep next to their main key: never listed as locks of their own.
 _AUX_PREFIXES = tuple(p + ":" for p in (FAIR_QUEUE_PREFIX, FAIR_TIMEOUT_PREFIX, TOKEN_PREFIX,
                                         "redisson_unlock_latch", INDEX_PREFIX,
-                                        PROCESS_PREFIX)) + tuple(
+                                        PROCESS_PREFIX, TASKRUN_PREFIX)) + tuple(
     p + sep for p in (HANDOFF_QUEUE_PREFIX, HANDOFF_WAITERS_PREFIX, WAITING_PREFIX)
     for sep in ":!")
 # A read hold's timeout string, ``{key}:<owner>:rwlock_timeout:<k>``. (A permit zset

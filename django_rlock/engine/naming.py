@@ -127,6 +127,15 @@ def glob_escape(text: str) -> str:
 PROCESS_PREFIX = "rlock-process"
 
 
+#: A Celery run's record of the holds of ``acks_late`` tasks under one lock name (the
+#: Django glue's ``redelivery``): ``rlock-taskrun:<prefix><name>``, never a lock's own name.
+TASKRUN_PREFIX = "rlock-taskrun"
+
+
+def taskrun_key(prefix: str, name: str) -> str:
+    return f"{TASKRUN_PREFIX}:{prefix}{name}"
+
+
 def process_key(process_id: str) -> str:
     """The process record of the process whose uuid is ``process_id``: one string per
     process, under no prefix (every prefix's listing joins it), in a slot of its own."""

@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from django_rlock.redelivery import record_key
 from tests.celery.conftest import entries, start_prefork, wait_for
 
 DEAD_LEASE = 10.0
@@ -51,7 +52,7 @@ def test_copy_of_a_killed_first_delivery_runs_once_its_lock_expires(crash_worker
     text = crash_worker.logfile.read_text()
     assert "running it now: its first delivery's worker died: its lock expired" in text
     # The dead delivery's booking is cleared; the copy's run is marked done (before its release).
-    assert locks.hvals("ct:rlock:taskrun:crash:a") == [f"{result.id} done".encode()]
+    assert locks.hvals(record_key("ct:rlock:", "crash:a")) == [f"{result.id} done".encode()]
 
 
 @pytest.mark.parametrize("key, why", [
@@ -76,7 +77,7 @@ def test_copy_finding_another_holder_answers_on_busy(crash_worker, locks, log, l
         os.kill(int(first[1]), signal.SIGKILL)
         locks.delete(f"ct:rlock:crash:{key}")  # the dead child's lock, expired
         if key == "c":
-            locks.delete(f"ct:rlock:taskrun:crash:{key}")
+            locks.delete(record_key("ct:rlock:", f"crash:{key}"))
         web = get_lock(f"crash:{key}")
         assert web.try_lock(0, 60)  # (a lost child may be noticed seconds late)
     finally:
@@ -139,3 +140,12 @@ def test_read_write_locks_and_fixed_leases_are_not_watched(r):
     assert watchable(renewed, RLock(r, "n"))
     assert not watchable(renewed, rw.write_lock()) and not watchable(renewed, rw.read_lock())
     assert not watchable(leased, RLock(r, "n"))
+
+
+def test_the_run_record_is_never_a_locks_key_and_is_not_listed():
+    """A lock named ``taskrun:<name>`` must not share its key with ``<name>``'s run record,
+    and listings skip the record as an auxiliary key."""
+    from django_rlock.engine.listing import is_auxiliary
+
+    assert record_key("p:", "job") != "p:taskrun:job"
+    assert is_auxiliary(record_key("p:", "job")) and not is_auxiliary("p:taskrun:job")
