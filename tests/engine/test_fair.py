@@ -67,6 +67,24 @@ def until(check: Any, timeout: float = 30.0, what: str = "condition") -> None:
         time.sleep(0.01)
 
 
+def sigkill_queued_waiter(r: redis.Redis, socket: str, name: str, budget: str,
+                          queue_key: str) -> bytes:
+    """A waiter in a process of its own (``_fair_proc wait``) queues behind the held lock
+    ``name`` and is SIGKILLed there: returns its owner field, left in the line."""
+    child = subprocess.Popen([sys.executable, "-m", "tests.engine._fair_proc", "wait", socket,
+                              name, budget], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        until(lambda: r.exists("dead-owner") and r.llen(queue_key) == 1, 60, "child queued")
+        dead = r.get("dead-owner")
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+        child.stdout.close()
+    return dead
+
+
 # Direct script calls (Redisson's "Descrete" tests call its scripts the same way).
 def _keys(name: str) -> tuple[Any, ...]:
     return (name, lock_channel(name), index_key(""), f"redisson_lock_queue:{{{name}}}",

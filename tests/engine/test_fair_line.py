@@ -6,10 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -22,7 +18,7 @@ from django_rlock import LockNotOwnedError
 from django_rlock.engine.fair import LINE_SLACK_MS, AsyncFairLock, FairLock
 from django_rlock.engine.naming import waiting_key
 from tests.conftest import inner_commands
-from tests.engine.test_fair import server_ms, until
+from tests.engine.test_fair import server_ms, sigkill_queued_waiter, until
 
 ROOT = Path(__file__).parents[2]
 
@@ -76,17 +72,7 @@ def test_a_sigkilled_waiters_line_goes_once_its_deadline_has_passed(r, redis_ser
     holder = holders()
     lock = FairLock(r, name, watchdog_timeout=1.0, thread_wait_time=4.0)
     holder.call(lock.lock)
-    child = subprocess.Popen([sys.executable, "-m", "tests.engine._fair_proc", "wait",
-                              redis_server.socket, name, "4.0"], cwd=ROOT,
-                             stdout=subprocess.PIPE, text=True)
-    try:
-        until(lambda: r.exists("dead-owner") and r.llen(qkey(name)) == 1, 60, "child queued")
-        os.kill(child.pid, signal.SIGKILL)
-        child.wait(30)
-    finally:
-        if child.poll() is None:
-            child.kill()
-        child.stdout.close()
+    sigkill_queued_waiter(r, redis_server.socket, name, "4.0", qkey(name))
     r.delete("dead-owner")
     dead = r.lindex(qkey(name), 0)
     deadline = r.zscore(tkey(name), dead)

@@ -26,6 +26,7 @@ from tests.engine.test_fair import (
     release,
     scores,
     server_ms,
+    sigkill_queued_waiter,
     until,
 )
 
@@ -57,16 +58,7 @@ def test_a_sigkilled_waiter_costs_its_turn_not_its_allowance_and_live_ones_keep_
     holder = holders()
     holder.call(lock.lock)
     held_since = time.monotonic()
-    child = start(redis_server, "wait", "turn", "300")
-    try:
-        until(lambda: r.exists("dead-owner") and r.llen(lock.queue_key) == 1, 60, "child queued")
-        dead = r.get("dead-owner")
-        os.kill(child.pid, signal.SIGKILL)
-        child.wait(30)
-    finally:
-        if child.poll() is None:
-            child.kill()
-        child.stdout.close()
+    dead = sigkill_queued_waiter(r, redis_server.socket, "turn", "300", lock.queue_key)
 
     def work(label: str) -> float:
         assert lock.try_lock(wait_time=60) is True
